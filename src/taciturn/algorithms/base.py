@@ -1,0 +1,167 @@
+"""The one shape every round-based algorithm has (FedAvg, FedProx, SCAFFOLD, FedADMM,
+event-based ADMM, Ferret, FedKSeed).
+
+Server:  init_server -> select_clients -> downlink -> ... -> aggregate -> global_params
+Client:  client_begin -> [local steps on ``objective``, run by the executor] -> client_end
+
+* The server state is a small dataclass of tensors and scalars (checkpointed generically).
+* ``downlink`` returns a Message per picked client, or None to stay silent (an event trigger).
+* ``client_begin`` reads what arrived (None if nothing did), the client's persistent state and
+  returns either a ``LocalTraining`` request or a finished ``ClientOutput`` (clients that do
+  their own work, e.g. zeroth-order or closed-form updates).
+* ``objective(loss, params, batch, consts)`` is a pure function: the task loss plus whatever the
+  algorithm adds (a proximal term, a control-variate correction, an augmented Lagrangian).
+  ``consts`` holds the tensors it reads (anchor, control variates, duals) so that a vectorized
+  executor can stack them over clients and ``vmap`` the gradient.
+* ``client_end`` turns the trained parameters into an uplink Message (or None: "nothing to say")
+  and the client's new persistent state.
+* ``aggregate`` receives only uplinks that arrived and passed validation.
+
+An algorithm never knows where clients run; executors never know an algorithm's math.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from taciturn.core.message import Message
+from taciturn.core.params import Params
+from taciturn.core.rng import Streams
+from taciturn.core.state_store import ClientState
+
+Loss = Callable[[Params, Any], torch.Tensor]
+Consts = dict[str, Any]  # a pytree of tensors
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LocalConfig(StrictModel):
+    """How a client trains locally: a schedule of minibatches and an SGD optimizer."""
+
+    epochs: int = Field(1, ge=1, description="passes over the local data (ignored when steps is set)")
+    steps: int | None = Field(None, ge=1, description="exact number of minibatch steps, overriding epochs")
+    batch_size: int = Field(
+        32, ge=1, description="minibatch size; a value >= the client's data is full-batch"
+    )
+    lr: float = Field(0.05, gt=0, description="local learning rate")
+    momentum: float = Field(0.0, ge=0, lt=1, description="heavy-ball momentum (PyTorch SGD semantics)")
+    weight_decay: float = Field(0.0, ge=0)
+    clip_norm: float | None = Field(None, gt=0, description="clip each gradient to this global L2 norm")
+
+
+class AlgorithmConfig(StrictModel):
+    name: str
+    fraction: float = Field(0.1, gt=0, le=1, description="fraction of clients sampled per round")
+    local: LocalConfig = LocalConfig()
+
+    def clients_per_round(self, num_clients: int) -> int:
+        return max(1, math.floor(round(self.fraction * num_clients, 6)))
+
+
+@dataclass
+class ClientContext:
+    client: int
+    round: int
+    received: Message | None  # what arrived on the downlink this round (None: nothing did)
+    state: ClientState | None  # the client's persistent state (None: it has none yet)
+    num_samples: int  # size of the client's local data
+    streams: Streams
+
+
+@dataclass
+class LocalTraining:
+    """A request to run local minibatch steps on ``objective`` from ``params``."""
+
+    params: Params
+    consts: Consts
+    momentum: Params | None = None  # initial momentum buffer (None: zeros)
+
+
+@dataclass
+class TrainResult:
+    params: Params
+    momentum: Params | None
+    steps: int
+    samples: int  # samples seen, counting repeats over epochs
+    mean_loss: float  # mean objective over the steps taken
+
+
+@dataclass
+class ClientOutput:
+    uplink: Message | None  # None: the client stays silent
+    state: ClientState | None = None  # None: leave its stored state unchanged
+
+
+@dataclass(frozen=True)
+class Arrival:
+    client: int
+    message: Message
+
+
+class Algorithm(ABC):
+    name: ClassVar[str]
+    Config: ClassVar[type[AlgorithmConfig]]
+
+    def __init__(self, config: AlgorithmConfig):
+        self.config = config
+
+    # ----- server -----
+    @abstractmethod
+    def init_server(self, params: Params, num_clients: int) -> Any: ...
+
+    def select_clients(
+        self, state: Any, round: int, num_clients: int, rng: np.random.Generator
+    ) -> np.ndarray:
+        """Uniform sampling without replacement (McMahan et al. 2017, Alg. 1: S_t, m = max(C K, 1))."""
+        m = self.config.clients_per_round(num_clients)
+        return np.sort(rng.choice(num_clients, size=m, replace=False))
+
+    @abstractmethod
+    def downlink(self, state: Any, round: int, clients: Sequence[int]) -> Mapping[int, Message | None]: ...
+
+    @abstractmethod
+    def uplink_spec(self, state: Any) -> Mapping[str, tuple[int, ...]]:
+        """Names and shapes every uplink must have; anything else is rejected."""
+
+    def check_uplink_meta(self, message: Message) -> str | None:
+        """Algorithm-specific checks of an uplink's metadata; return the reason to reject, or None."""
+        return None
+
+    @abstractmethod
+    def aggregate(self, state: Any, round: int, arrivals: Sequence[Arrival]) -> Any: ...
+
+    @abstractmethod
+    def global_params(self, state: Any) -> Params: ...
+
+    # ----- client -----
+    @abstractmethod
+    def client_begin(self, ctx: ClientContext) -> LocalTraining | ClientOutput: ...
+
+    def objective(self, loss: Loss, params: Params, batch: Any, consts: Consts) -> torch.Tensor:
+        return loss(params, batch)
+
+    @abstractmethod
+    def client_end(self, ctx: ClientContext, work: LocalTraining, result: TrainResult) -> ClientOutput: ...
+
+
+def positive_count(message: Message, key: str) -> str | None:
+    """Reason to reject an uplink whose ``key`` metadata is not a positive integer, else None."""
+    value = message.meta.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return f"metadata {key!r} must be a positive integer, got {value!r}"
+    return None
+
+
+def loss_meta(result: TrainResult) -> dict[str, float]:
+    """The mean local loss as uplink metadata, omitted when it is not finite (the arrays tell)."""
+    return {"train_loss": result.mean_loss} if math.isfinite(result.mean_loss) else {}

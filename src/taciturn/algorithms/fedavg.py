@@ -1,0 +1,80 @@
+"""FedAvg: McMahan, Moore, Ramage, Hampson, Agüera y Arcas, "Communication-Efficient Learning of
+Deep Networks from Decentralized Data", AISTATS 2017, Algorithm 1 (FederatedAveraging).
+
+Each round the server samples m = max(C K, 1) clients, sends them w_t, each runs E epochs of
+minibatch SGD from w_t and returns its model; the server sets w_{t+1} = sum_k (n_k / n) w_{t+1}^k.
+Clients here send the delta w^k - w_t (same bytes) so that the server can take a step
+w_{t+1} = w_t + eta_s * sum_k (n_k / n) (w^k - w_t) with a server learning rate eta_s
+(Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Alg. 1 with server SGD);
+eta_s = 1 is the paper's FedAvg exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import Field
+
+from taciturn.algorithms.base import (
+    Algorithm,
+    AlgorithmConfig,
+    Arrival,
+    ClientContext,
+    ClientOutput,
+    LocalTraining,
+    TrainResult,
+    loss_meta,
+    positive_count,
+)
+from taciturn.core.message import Message
+from taciturn.core.params import Params, add, clone, sub, weighted_sum
+
+
+class FedAvgConfig(AlgorithmConfig):
+    name: Literal["fedavg"] = "fedavg"
+    server_lr: float = Field(1.0, gt=0, description="server step on the averaged delta (1 = plain FedAvg)")
+
+
+@dataclass
+class FedAvgState:
+    params: Params
+
+
+class FedAvg(Algorithm):
+    name = "fedavg"
+    Config = FedAvgConfig
+    config: FedAvgConfig
+
+    def init_server(self, params: Params, num_clients: int) -> FedAvgState:
+        return FedAvgState(clone(params))
+
+    def downlink(self, state: FedAvgState, round: int, clients: Sequence[int]) -> dict[int, Message]:
+        broadcast = Message.from_tensors(state.params)  # one object: the channel encodes it once
+        return dict.fromkeys(clients, broadcast)
+
+    def uplink_spec(self, state: FedAvgState) -> dict[str, tuple[int, ...]]:
+        return {name: tuple(p.shape) for name, p in state.params.items()}
+
+    def check_uplink_meta(self, message: Message) -> str | None:
+        return positive_count(message, "num_samples")
+
+    def client_begin(self, ctx: ClientContext) -> LocalTraining | ClientOutput:
+        if ctx.received is None:  # the broadcast was lost: nothing to train from, stay silent
+            return ClientOutput(uplink=None)
+        return LocalTraining(params=ctx.received.tensors(), consts={})
+
+    def client_end(self, ctx: ClientContext, work: LocalTraining, result: TrainResult) -> ClientOutput:
+        delta = sub(result.params, work.params)
+        return ClientOutput(Message.from_tensors(delta, num_samples=ctx.num_samples, **loss_meta(result)))
+
+    def aggregate(self, state: FedAvgState, round: int, arrivals: Sequence[Arrival]) -> FedAvgState:
+        if not arrivals:
+            return state
+        n = sum(a.message.meta["num_samples"] for a in arrivals)
+        mean_delta = weighted_sum((a.message.meta["num_samples"] / n, a.message.tensors()) for a in arrivals)
+        return FedAvgState(add(state.params, mean_delta, self.config.server_lr))
+
+    def global_params(self, state: FedAvgState) -> Params:
+        return state.params

@@ -1,0 +1,183 @@
+"""taciturn's command line: parse, validate, call the runner. Nothing else lives here."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from importlib import resources
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+console = Console(stderr=True)
+EXIT_USAGE = 2
+
+
+def _demo_config() -> Path:
+    return Path(str(resources.files("taciturn.experiments") / "configs" / "demo.toml"))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from taciturn.experiments.config import load_config
+    from taciturn.experiments.runner import start
+
+    config = load_config(args.config, args.set or [])
+    out = Path(args.out or Path("runs") / config.name)
+    rundir = start(config, out, overwrite=args.overwrite, progress=not args.quiet)
+    _print_summary(rundir)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    args.config, args.overwrite = _demo_config(), True
+    args.out = args.out or "runs/demo"
+    return cmd_run(args)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from taciturn.experiments.runner import resume
+
+    _print_summary(resume(Path(args.run), progress=not args.quiet))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from taciturn.report.html import write_report
+
+    for path in args.runs:
+        console.print(f"report: [bold]{write_report(_existing_run(path))}[/]")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from taciturn.report.html import summary, write_comparison
+
+    rundirs = [_existing_run(p) for p in args.runs]
+    out = write_comparison(rundirs, Path(args.out))
+    table = Table(title="comparison")
+    keys = ["final accuracy", "best accuracy", "MB up", "MB down", "rounds", "wall s"]
+    table.add_column("run")
+    for k in keys:
+        table.add_column(k, justify="right")
+    for r in rundirs:
+        s = summary(r.read_metrics())
+        table.add_row(str(r.path), *(str(s.get(k, "-")) for k in keys))
+    Console().print(table)
+    console.print(f"comparison: [bold]{out}[/]")
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from taciturn.data import fashion_mnist
+
+    if args.action == "fetch":  # use a verified copy if there is one, else download into the cache
+        try:
+            _, source = fashion_mnist.locate(Path(args.path) if args.path else None, allow_download=False)
+        except FileNotFoundError:
+            source = f"downloaded into {fashion_mnist.download(Path(args.path) if args.path else None)}"
+        console.print(f"Fashion-MNIST ready ({source})")
+        return 0
+    table = Table(title="datasets")
+    for column in ("dataset", "status", "source"):
+        table.add_column(column)
+    try:
+        _, source = fashion_mnist.locate(Path(args.path) if args.path else None, allow_download=False)
+        table.add_row("fashion_mnist", "[green]available[/]", source)
+    except FileNotFoundError as error:
+        table.add_row("fashion_mnist", "[red]missing[/]", str(error))
+    table.add_row("digits", "[green]available[/]", "bundled with scikit-learn")
+    table.add_row("synthetic", "[green]available[/]", "generated from the run seed")
+    Console().print(table)
+    return 0
+
+
+def _existing_run(path: str):
+    from taciturn.report.rundir import RunDir
+
+    rundir = RunDir(path)
+    if not rundir.exists():
+        raise FileNotFoundError(f"{path} is not a run directory (no config.toml)")
+    return rundir
+
+
+def _print_summary(rundir) -> None:
+    from taciturn.report.html import summary
+
+    s = summary(rundir.read_metrics())
+    console.print(
+        f"[bold green]done[/]: final accuracy {s.get('final accuracy')}, {s.get('MB up')} MB up, "
+        f"{s.get('MB down')} MB down, {s.get('wall s')} s"
+    )
+    console.print(f"report: [bold]{rundir.report}[/]")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="taciturn", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run an experiment from a TOML config")
+    run.add_argument("config", type=Path)
+    run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    run.add_argument("--out", help="run directory (default: runs/<name>)")
+    run.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.set_defaults(func=cmd_run)
+
+    demo = sub.add_parser("demo", help="FedAvg on Fashion-MNIST with the embedded default config")
+    demo.add_argument("--set", action="append", metavar="KEY=VALUE")
+    demo.add_argument("--out")
+    demo.add_argument("--quiet", action="store_true")
+    demo.set_defaults(func=cmd_demo)
+
+    resume = sub.add_parser("resume", help="continue a run from its last checkpoint")
+    resume.add_argument("run")
+    resume.add_argument("--quiet", action="store_true")
+    resume.set_defaults(func=cmd_resume)
+
+    report = sub.add_parser("report", help="rebuild plots and report.html of run directories")
+    report.add_argument("runs", nargs="+")
+    report.set_defaults(func=cmd_report)
+
+    compare = sub.add_parser("compare", help="compare run directories side by side")
+    compare.add_argument("runs", nargs="+")
+    compare.add_argument("--out", default="runs/compare", help="folder for compare.html and plots")
+    compare.set_defaults(func=cmd_compare)
+
+    data = sub.add_parser("data", help="show where datasets come from, or fetch them")
+    data.add_argument(
+        "action",
+        nargs="?",
+        choices=["show", "fetch"],
+        default="show",
+        help="show: where each dataset comes from; fetch: make Fashion-MNIST available",
+    )
+    data.add_argument("--path", help="a folder to read from (show) or download into (fetch)")
+    data.set_defaults(func=cmd_data)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from taciturn.data.datasets import DatasetNotFound
+    from taciturn.data.partition import PartitionError
+    from taciturn.experiments.config import ConfigError
+
+    args = build_parser().parse_args(argv)
+    from rich.logging import RichHandler
+
+    handler = RichHandler(console=console, show_time=False, show_path=False, level=logging.WARNING)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[handler])
+    try:
+        return args.func(args)
+    except (ConfigError, DatasetNotFound, PartitionError, FileExistsError, FileNotFoundError) as error:
+        console.print(f"[bold red]error[/]: {escape(str(error))}", highlight=False, soft_wrap=True)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: continue with `taciturn resume <run dir>`")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Fashion-MNIST (Xiao et al. 2017): 60,000 train and 10,000 test 28x28 grey images, 10 classes.
+
+Sources, tried in order (the first that has all four IDX files wins):
+  1. an explicit path (config ``data.path`` or ``taciturn data --path``);
+  2. ``$TACITURN_DATA`` (the folder itself or its ``fashion-mnist`` subfolder);
+  3. the download cache, ``$XDG_CACHE_HOME/taciturn/fashion-mnist``;
+  4. Debian's ``dataset-fashion-mnist`` package, ``/usr/share/datasets/fashion-mnist``;
+  5. a download of the official files into the cache (skipped when ``TACITURN_OFFLINE=1``).
+Every file is checked against the SHA-256 of its *decompressed* IDX content, which is the same
+for the official gzip files and Debian's re-compressed copies (Debian strips the gzip name and
+timestamp, so the compressed bytes differ while the data does not).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import shutil
+import struct
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from taciturn.data.datasets import ArrayDataset, DatasetNotFound
+
+# SHA-256 of the decompressed IDX files.
+FILES = {
+    "train-images-idx3-ubyte.gz": "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+    "train-labels-idx1-ubyte.gz": "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+    "t10k-images-idx3-ubyte.gz": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+    "t10k-labels-idx1-ubyte.gz": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
+}
+OFFICIAL_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
+MEAN, STD = 0.2860, 0.3530  # of the training images scaled to [0, 1]
+DOWNLOAD_TIMEOUT_S = 30
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "taciturn" / "fashion-mnist"
+
+
+def candidate_dirs(path: Path | None = None) -> list[tuple[str, Path]]:
+    """(label, folder) pairs in the order they are tried."""
+    found: list[tuple[str, Path]] = []
+    if path is not None:
+        found.append(("given path", Path(path)))
+    if env := os.environ.get("TACITURN_DATA"):
+        found += [("$TACITURN_DATA", Path(env)), ("$TACITURN_DATA", Path(env) / "fashion-mnist")]
+    found += [("download cache", cache_dir()), ("Debian dataset-fashion-mnist", DEBIAN_DIR)]
+    return found
+
+
+def _read_verified(file: Path) -> bytes:
+    raw = gzip.decompress(file.read_bytes())
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != FILES[file.name]:
+        raise ValueError(f"{file} has SHA-256 {digest} after decompression, expected {FILES[file.name]}")
+    return raw
+
+
+def _parse_idx(raw: bytes, images: bool) -> np.ndarray:
+    magic, count = struct.unpack(">II", raw[:8])
+    if images:
+        if magic != 2051:
+            raise ValueError(f"not an IDX image file (magic {magic})")
+        rows, cols = struct.unpack(">II", raw[8:16])
+        return np.frombuffer(raw, np.uint8, offset=16).reshape(count, rows, cols)
+    if magic != 2049:
+        raise ValueError(f"not an IDX label file (magic {magic})")
+    return np.frombuffer(raw, np.uint8, offset=8)
+
+
+def _load_dir(folder: Path) -> dict[str, bytes]:
+    missing = [name for name in FILES if not (folder / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"missing {', '.join(missing)}")
+    return {name: _read_verified(folder / name) for name in FILES}
+
+
+def download(target: Path | None = None, base_url: str = OFFICIAL_URL) -> Path:
+    """Download the four official files into ``target`` (default: the cache), verifying each."""
+    target = Path(target or cache_dir())
+    target.mkdir(parents=True, exist_ok=True)
+    for name in FILES:
+        if (target / name).is_file():
+            continue
+        with tempfile.NamedTemporaryFile(dir=target, delete=False, suffix=".part") as tmp:
+            part = Path(tmp.name)
+            try:
+                with urllib.request.urlopen(base_url + name, timeout=DOWNLOAD_TIMEOUT_S) as response:
+                    shutil.copyfileobj(response, tmp)
+            except Exception:
+                part.unlink(missing_ok=True)
+                raise
+        try:
+            _read_verified(part.rename(target / name))
+        except Exception:
+            (target / name).unlink(missing_ok=True)
+            raise
+    return target
+
+
+def locate(path: Path | None = None, allow_download: bool | None = None) -> tuple[dict[str, bytes], str]:
+    """Find verified raw IDX bytes and describe where they came from, or raise DatasetNotFound."""
+    tried = []
+    for label, folder in candidate_dirs(path):
+        try:
+            return _load_dir(folder), f"{label}: {folder}"
+        except (OSError, ValueError) as error:
+            tried.append(f"{label} {folder}: {error}")
+    if allow_download is None:
+        allow_download = os.environ.get("TACITURN_OFFLINE", "") in ("", "0")
+    if allow_download:
+        try:
+            folder = download()
+            return _load_dir(folder), f"downloaded from {OFFICIAL_URL} into {folder}"
+        except Exception as error:  # network errors come in many types; all mean "no download"
+            tried.append(f"download from {OFFICIAL_URL}: {error}")
+    else:
+        tried.append("download: skipped (TACITURN_OFFLINE is set)")
+    raise DatasetNotFound(
+        "Fashion-MNIST was not found. Tried:\n  - "
+        + "\n  - ".join(tried)
+        + "\nFix it with one of: `sudo apt-get install dataset-fashion-mnist` (Debian/Ubuntu); "
+        "`taciturn data fetch fashion_mnist` on a machine with internet; or put the four IDX .gz files "
+        "in a folder and pass it as data.path or $TACITURN_DATA."
+    )
+
+
+def load(path: Path | None = None, allow_download: bool | None = None) -> ArrayDataset:
+    raw, source = locate(path, allow_download)
+
+    def images(name: str) -> torch.Tensor:
+        x = _parse_idx(raw[name], images=True).astype(np.float32) / 255.0
+        return torch.from_numpy((x - MEAN) / STD).unsqueeze(1)
+
+    def labels(name: str) -> torch.Tensor:
+        return torch.from_numpy(_parse_idx(raw[name], images=False).astype(np.int64))
+
+    return ArrayDataset(
+        "fashion_mnist",
+        images("train-images-idx3-ubyte.gz"),
+        labels("train-labels-idx1-ubyte.gz"),
+        images("t10k-images-idx3-ubyte.gz"),
+        labels("t10k-labels-idx1-ubyte.gz"),
+        10,
+        source,
+    )

@@ -1,0 +1,49 @@
+"""The federated view of a dataset: all samples in one tensor, one index array per client.
+
+Clients never copy their data; a batch is a gather from the shared tensor. This keeps memory
+flat in the number of clients and lets executors share the data between processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from taciturn.data.datasets import ArrayDataset
+from taciturn.data.partition import class_histogram
+
+
+@dataclass(frozen=True)
+class FederatedData:
+    dataset: ArrayDataset
+    offsets: np.ndarray  # client i owns order[offsets[i]:offsets[i+1]]
+    order: np.ndarray  # all training indices, grouped by client
+
+    @classmethod
+    def from_parts(cls, dataset: ArrayDataset, parts: list[np.ndarray]) -> FederatedData:
+        sizes = np.array([len(p) for p in parts], dtype=np.int64)
+        order = np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
+        if len(order) != len(dataset.y_train) or len(np.unique(order)) != len(order):
+            raise ValueError("a partition must assign every training sample to exactly one client")
+        return cls(dataset, np.concatenate([[0], np.cumsum(sizes)]), order)
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.offsets) - 1
+
+    def client_size(self, client: int) -> int:
+        return int(self.offsets[client + 1] - self.offsets[client])
+
+    def client_indices(self, client: int) -> np.ndarray:
+        return self.order[self.offsets[client] : self.offsets[client + 1]]
+
+    def batch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.from_numpy(indices)
+        return self.dataset.x_train[idx], self.dataset.y_train[idx]
+
+    def histogram(self) -> np.ndarray:
+        labels = self.dataset.y_train.numpy()
+        parts = [self.client_indices(c) for c in range(self.num_clients)]
+        return class_histogram(labels, parts, self.dataset.num_classes)

@@ -1,0 +1,91 @@
+"""Local minibatch training of one client: the reference implementation every executor matches.
+
+The optimizer is SGD with PyTorch's semantics (torch.optim.SGD, dampening 0, no Nesterov):
+    g <- grad + weight_decay * w;   b <- momentum * b + g;   w <- w - lr * b
+with an optional clip of g's global L2 norm before the momentum step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from taciturn.algorithms.base import Algorithm, LocalConfig, LocalTraining, TrainResult
+from taciturn.core.params import Params
+from taciturn.data.federated import FederatedData
+
+
+def batch_plan(num_samples: int, config: LocalConfig, rng: np.random.Generator) -> list[np.ndarray]:
+    """Positions (into the client's data) of each minibatch: reshuffled every epoch, last batch kept.
+
+    With ``steps`` set, epochs are chained until exactly that many batches are taken.
+    """
+    size = min(config.batch_size, num_samples)
+    per_epoch = math.ceil(num_samples / size)
+    epochs = config.epochs if config.steps is None else math.ceil(config.steps / per_epoch)
+    batches = []
+    for _ in range(epochs):
+        order = rng.permutation(num_samples)
+        batches += [order[i : i + size] for i in range(0, num_samples, size)]
+    return batches if config.steps is None else batches[: config.steps]
+
+
+@torch.no_grad()
+def sgd_step(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    momentum: list[torch.Tensor] | None,
+    config: LocalConfig,
+) -> None:
+    if config.weight_decay:
+        grads = torch._foreach_add(grads, params, alpha=config.weight_decay)
+    if config.clip_norm is not None:
+        total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        scale = config.clip_norm / (float(total) + 1e-6)
+        if scale < 1.0:
+            grads = torch._foreach_mul(grads, scale)
+    if momentum is not None:
+        torch._foreach_mul_(momentum, config.momentum)
+        torch._foreach_add_(momentum, grads)
+        grads = momentum
+    torch._foreach_add_(params, grads, alpha=-config.lr)
+
+
+def train_locally(
+    algorithm: Algorithm,
+    loss,
+    data: FederatedData,
+    client: int,
+    work: LocalTraining,
+    config: LocalConfig,
+    rng: np.random.Generator,
+) -> TrainResult:
+    indices = data.client_indices(client)
+    names = list(work.params)
+    params = [work.params[n].detach().clone().requires_grad_(True) for n in names]
+    momentum = None
+    if config.momentum > 0:
+        start = work.momentum or {}
+        momentum = [
+            start[n].detach().clone() if n in start else torch.zeros_like(p)
+            for n, p in zip(names, params, strict=True)
+        ]
+    total_loss, steps, samples = 0.0, 0, 0
+    for positions in batch_plan(len(indices), config, rng):
+        batch = data.batch(indices[positions])
+        current: Params = dict(zip(names, params, strict=True))
+        value = algorithm.objective(loss, current, batch, work.consts)
+        grads = torch.autograd.grad(value, params)
+        sgd_step(params, list(grads), momentum, config)
+        total_loss += float(value.detach())
+        steps += 1
+        samples += len(positions)
+    return TrainResult(
+        params={n: p.detach() for n, p in zip(names, params, strict=True)},
+        momentum=None if momentum is None else dict(zip(names, momentum, strict=True)),
+        steps=steps,
+        samples=samples,
+        mean_loss=total_loss / max(steps, 1),
+    )

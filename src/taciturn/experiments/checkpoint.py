@@ -1,0 +1,34 @@
+"""Checkpoints: server state, client states and progress counters, written atomically.
+
+A checkpoint is a folder written under a temporary name and renamed into place, so a run killed
+mid-write leaves the previous checkpoint intact. Everything goes through the safetensors codec.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from taciturn.core.codec import decode, encode
+from taciturn.core.packing import pack, unpack
+from taciturn.core.state_store import ClientStateStore
+
+
+def save(folder: Path, server_state: Any, store: ClientStateStore, progress: dict[str, Any]) -> None:
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    (tmp / "server.safetensors").write_bytes(encode(pack(server_state)))
+    store.save(tmp / "clients.safetensors")
+    (tmp / "progress.json").write_text(json.dumps(progress, indent=1))
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)
+
+
+def load(folder: Path, state_class: type, store: ClientStateStore) -> tuple[Any, dict[str, Any]]:
+    server_state = unpack(state_class, decode((folder / "server.safetensors").read_bytes()))
+    store.load(folder / "clients.safetensors")
+    return server_state, json.loads((folder / "progress.json").read_text())

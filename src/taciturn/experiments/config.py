@@ -1,0 +1,298 @@
+"""The run configuration: a TOML file validated (pydantic) before any work starts.
+
+Unknown keys are rejected with a did-you-mean, types and ranges are checked, and every error
+names the key and the file. ``--set key=value`` overrides are applied before validation.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from taciturn.algorithms import REGISTRY
+from taciturn.algorithms.base import StrictModel
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the file, the key and the fix."""
+
+
+# ----- data -----
+class FashionMnistData(StrictModel):
+    dataset: Literal["fashion_mnist"] = "fashion_mnist"
+    path: Path | None = Field(None, description="folder with the four IDX .gz files (optional)")
+
+
+class DigitsData(StrictModel):
+    dataset: Literal["digits"]
+
+
+class SyntheticData(StrictModel):
+    dataset: Literal["synthetic"]
+    num_samples: int = Field(2000, ge=10)
+    num_features: int = Field(20, ge=1)
+    num_classes: int = Field(4, ge=2)
+    separation: float = Field(2.0, gt=0)
+
+
+DataConfig = Annotated[FashionMnistData | DigitsData | SyntheticData, Field(discriminator="dataset")]
+
+
+# ----- partition -----
+class IidPartition(StrictModel):
+    kind: Literal["iid"]
+    num_clients: int = Field(100, ge=1)
+
+
+class DirichletPartition(StrictModel):
+    kind: Literal["dirichlet"] = "dirichlet"
+    num_clients: int = Field(100, ge=1)
+    alpha: float = Field(0.5, gt=0)
+    min_size: int = Field(10, ge=1)
+
+
+class ShardsPartition(StrictModel):
+    kind: Literal["shards"]
+    num_clients: int = Field(100, ge=1)
+    classes_per_client: int = Field(2, ge=1)
+
+
+class OneClassPartition(StrictModel):
+    kind: Literal["one_class"]
+    num_clients: int = Field(10, ge=1)
+
+
+PartitionConfig = Annotated[
+    IidPartition | DirichletPartition | ShardsPartition | OneClassPartition, Field(discriminator="kind")
+]
+
+
+# ----- model -----
+class LogRegModel(StrictModel):
+    kind: Literal["logreg"]
+
+
+class MlpModel(StrictModel):
+    kind: Literal["mlp"] = "mlp"
+    hidden: tuple[Annotated[int, Field(ge=1)], ...] = (200,)
+
+
+class CnnModel(StrictModel):
+    kind: Literal["cnn"]
+    padding: Literal["same", "valid"] = "same"
+
+
+ModelConfig = Annotated[LogRegModel | MlpModel | CnnModel, Field(discriminator="kind")]
+
+AlgorithmConfigs = Annotated[
+    Union[tuple(cls.Config for cls in REGISTRY.values())],  # noqa: UP007 (built from the registry)
+    Field(discriminator="name"),
+]
+
+
+class ChannelConfig(StrictModel):
+    drop_up: float = Field(0.0, ge=0, le=1, description="probability an uplink message is lost")
+    drop_down: float = Field(0.0, ge=0, le=1, description="probability a downlink message is lost")
+
+
+class EvalConfig(StrictModel):
+    every: int = Field(1, ge=1, description="evaluate the global model every k rounds (and after the last)")
+    batch_size: int = Field(2000, ge=1)
+
+
+class CheckpointConfig(StrictModel):
+    every: int = Field(10, ge=1, description="write a checkpoint every k rounds (and after the last)")
+    keep: int = Field(2, ge=1, description="how many recent checkpoints to keep")
+
+
+_DEFAULT_TAGS = (
+    ("data", "dataset", "fashion_mnist"),
+    ("partition", "kind", "dirichlet"),
+    ("model", "kind", "mlp"),
+    ("algorithm", "name", "fedavg"),
+)
+
+
+class RunConfig(StrictModel):
+    name: str = Field("run", min_length=1)
+    seed: int = Field(0, ge=0)
+    rounds: int = Field(50, ge=1)
+    data: DataConfig = FashionMnistData()
+    partition: PartitionConfig = DirichletPartition()
+    model: ModelConfig = MlpModel()
+    algorithm: AlgorithmConfigs = Field(default_factory=lambda: REGISTRY["fedavg"].Config())
+    channel: ChannelConfig = ChannelConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    executor: Literal["sequential"] = "sequential"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_tags(cls, tree: Any) -> Any:
+        """Tables may omit their kind: fill the default so the error messages stay about real keys."""
+        if isinstance(tree, dict):
+            for table, tag, default in _DEFAULT_TAGS:
+                if isinstance(tree.get(table), dict) and tag not in tree[table]:
+                    tree = {**tree, table: {tag: default, **tree[table]}}
+        return tree
+
+    @model_validator(mode="after")
+    def _model_fits_data(self) -> RunConfig:
+        if self.model.kind == "cnn" and self.data.dataset == "synthetic":
+            raise ValueError("model.kind = 'cnn' needs image data; use mlp or logreg with synthetic data")
+        return self
+
+
+# ----- loading and error messages -----
+def _member_for_tag(members: list, tag: Any) -> Any:
+    """The member of a discriminated union whose discriminator literal equals ``tag``."""
+    for member in members:
+        if isinstance(member, type) and issubclass(member, BaseModel):
+            for f in member.model_fields.values():
+                if typing.get_origin(f.annotation) is Literal and tag in typing.get_args(f.annotation):
+                    return member
+    return None
+
+
+def _tag_of(member: type[BaseModel]) -> tuple[str, Any]:
+    for name, f in member.model_fields.items():
+        if typing.get_origin(f.annotation) is Literal:
+            return name, typing.get_args(f.annotation)[0]
+    return "", None
+
+
+def _resolve(loc: tuple) -> tuple[list[str], type[BaseModel] | None, list]:
+    """Follow a pydantic error location through the config classes.
+
+    Returns the location as the user wrote it (pydantic inserts discriminator tags such as
+    'fedavg' into locations; those are dropped) and the model that owns its last key, which
+    may be an unknown key, and the other members of the union that owner belongs to.
+    """
+    path: list[str] = []
+    current: Any = RunConfig
+    members: list = []
+    parts = list(loc)
+    while parts:
+        part = parts.pop(0)
+        path.append(str(part))
+        if not parts:
+            break
+        fields = current.model_fields if isinstance(current, type) and issubclass(current, BaseModel) else {}
+        if part not in fields:
+            path += [str(p) for p in parts]
+            return path, None, []
+        annotation = fields[part].annotation
+        if typing.get_origin(annotation) is Annotated:
+            annotation = typing.get_args(annotation)[0]
+        union = typing.get_origin(annotation) in (Union, types.UnionType)
+        members = [a for a in typing.get_args(annotation) if a is not type(None)] if union else [annotation]
+        tagged = _member_for_tag(members, parts[0])
+        if tagged is not None and parts[0] not in tagged.model_fields:
+            parts.pop(0)
+            current = tagged
+        else:
+            current = members[0]
+    owner = current if isinstance(current, type) and issubclass(current, BaseModel) else None
+    return path, owner, [m for m in members if m is not owner]
+
+
+def _describe(error: dict) -> str:
+    loc = tuple(error["loc"])
+    path, owner, siblings = _resolve(loc)
+    where = ".".join(path) or "(top level)"
+    if error["type"] == "extra_forbidden":
+        key = str(loc[-1])
+        known = sorted(owner.model_fields) if owner is not None else []
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
+        for sibling in siblings:
+            if key in sibling.model_fields:
+                tag, value = _tag_of(sibling)
+                hint = f"it applies only with {'.'.join(path[:-1])}.{tag} = '{value}'"
+                break
+        return f"[{where}] unknown key '{key}': {hint}"
+    if error["type"] == "union_tag_invalid":
+        ctx = error.get("ctx", {})
+        tags = [t.strip(" '") for t in str(ctx.get("expected_tags", "")).split(",")]
+        close = difflib.get_close_matches(str(ctx.get("tag")), tags, n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"choose one of {', '.join(tags)}"
+        key = str(ctx.get("discriminator", "")).strip("'")
+        return f"[{where}.{key}] unknown value {ctx.get('tag')!r}: {hint}"
+    got = error.get("input")
+    shown = "" if isinstance(got, dict) else f" (got {got!r})"
+    return f"[{where}] {error['msg']}{shown}"
+
+
+def _set(tree: dict, dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    node = tree
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {dotted}: '{part}' is not a table")
+    node[last] = value
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """'a.b=value' -> ('a.b', value); the value is read as TOML, or as a bare string."""
+    if "=" not in item:
+        raise ConfigError(f"--set expects key=value, got {item!r}")
+    key, text = item.split("=", 1)
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text
+    return key.strip(), value
+
+
+def validate(tree: dict, source: str) -> RunConfig:
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as error:
+        lines = [_describe(e) for e in error.errors()]
+        raise ConfigError(f"invalid config {source}:\n  " + "\n  ".join(lines)) from None
+
+
+def load_config(path: Path | str, overrides: list[str] = ()) -> RunConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        tree = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path} is not valid TOML: {error}") from None
+    for item in overrides:
+        _set(tree, *parse_override(item))
+    return validate(tree, str(path))
+
+
+def to_toml(config: RunConfig) -> str:
+    """The resolved config (defaults filled in) as TOML, so a run directory is self-describing."""
+    return _dump_table(config.model_dump(mode="json", exclude_none=True), [])
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def _dump_table(table: dict, prefix: list[str]) -> str:
+    scalars = [f"{k} = {_toml_value(v)}" for k, v in table.items() if not isinstance(v, dict)]
+    out = ("[" + ".".join(prefix) + "]\n" if prefix and scalars else "") + "".join(s + "\n" for s in scalars)
+    for k, v in table.items():
+        if isinstance(v, dict):
+            out += "\n" + _dump_table(v, [*prefix, k])
+    return out

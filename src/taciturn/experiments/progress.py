@@ -1,0 +1,58 @@
+"""A rich progress bar for a run: round, test accuracy and bytes so far."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from taciturn.core.ledger import Direction, Ledger
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+class RoundProgress:
+    def __init__(self, rounds: int, done: int, enabled: bool = True):
+        self.enabled = enabled
+        self.progress = Progress(
+            TextColumn("[bold]round"),
+            MofNCompleteColumn(),
+            BarColumn(),
+            TextColumn("acc {task.fields[accuracy]}"),
+            TextColumn("up {task.fields[up]}  down {task.fields[down]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            disable=not enabled,
+        )
+        self.task = self.progress.add_task(
+            "run", total=rounds, completed=done, accuracy="-", up="0 B", down="0 B"
+        )
+
+    def __enter__(self) -> RoundProgress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)
+
+    def update(self, round: int, row: dict[str, Any] | None, ledger: Ledger) -> None:
+        fields = {
+            "up": human_bytes(ledger.totals(Direction.UP).bytes_sent),
+            "down": human_bytes(ledger.totals(Direction.DOWN).bytes_sent),
+        }
+        if row is not None:
+            fields["accuracy"] = f"{row['accuracy']:.4f}"
+        self.progress.update(self.task, completed=round, **fields)

@@ -1,0 +1,248 @@
+"""Build a federation from a validated config, run it round by round, checkpoint, resume.
+
+Everything that can fail because of the config or the data (missing dataset, impossible
+partition, a model that does not fit the data) fails in ``prepare``, before the first round.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from taciturn.algorithms import Algorithm, build_algorithm
+from taciturn.core.channel import Channel
+from taciturn.core.ledger import Direction, Ledger
+from taciturn.core.rng import SERVER, Streams
+from taciturn.core.state_store import MemoryStateStore
+from taciturn.data.datasets import load_dataset
+from taciturn.data.federated import FederatedData
+from taciturn.data.partition import partition
+from taciturn.engine.executor import SequentialExecutor
+from taciturn.engine.federation import Federation, RoundReport
+from taciturn.experiments import checkpoint
+from taciturn.experiments.config import ConfigError, RunConfig, load_config, to_toml
+from taciturn.experiments.progress import RoundProgress
+from taciturn.report.rundir import RunDir
+from taciturn.tasks.classification import ClassificationTask
+from taciturn.tasks.models import build_model
+
+log = logging.getLogger("taciturn")
+
+RoundCallback = Callable[[int, dict[str, Any] | None], None]
+
+
+class RunFailed(RuntimeError):
+    """Every client of a round raised: that is a bug, not a client fault, so the run stops."""
+
+
+@dataclass
+class Experiment:
+    config: RunConfig
+    rundir: RunDir
+    streams: Streams
+    data: FederatedData
+    task: ClassificationTask
+    algorithm: Algorithm
+    ledger: Ledger
+    store: MemoryStateStore
+    federation: Federation
+
+
+def prepare(config: RunConfig, out: Path, ledger: Ledger | None = None) -> Experiment:
+    streams = Streams(config.seed)
+    options = config.data.model_dump(exclude={"dataset", "path"})
+    dataset = load_dataset(
+        config.data.dataset, streams.numpy(0, SERVER, "data"), getattr(config.data, "path", None), **options
+    )
+    part_options = config.partition.model_dump(exclude={"kind", "num_clients"})
+    parts = partition(
+        dataset.y_train.numpy(),
+        config.partition.kind,
+        config.partition.num_clients,
+        streams.numpy(0, SERVER, "partition"),
+        **part_options,
+    )
+    data = FederatedData.from_parts(dataset, parts)
+    model_options = config.model.model_dump(exclude={"kind"})
+    try:
+        model = build_model(config.model.kind, dataset.input_shape, dataset.num_classes, **model_options)
+    except ValueError as error:
+        raise ConfigError(
+            f"[model] {error} (data {config.data.dataset}: input {dataset.input_shape})"
+        ) from None
+    task = ClassificationTask(model)
+    algorithm = build_algorithm(config.algorithm)
+    ledger = ledger or Ledger()
+    channel = Channel(ledger, streams, config.channel.drop_up, config.channel.drop_down)
+    store = MemoryStateStore()
+    executor = SequentialExecutor(algorithm, task.loss, data)
+    federation = Federation(algorithm, executor, channel, store, streams, data)
+    return Experiment(config, RunDir(out), streams, data, task, algorithm, ledger, store, federation)
+
+
+def _write_partition(exp: Experiment) -> None:
+    hist = exp.data.histogram()
+    exp.rundir.partition.write_text(
+        json.dumps(
+            {
+                "dataset": exp.data.dataset.name,
+                "source": exp.data.dataset.source,
+                "kind": exp.config.partition.kind,
+                "num_clients": exp.data.num_clients,
+                "num_classes": exp.data.dataset.num_classes,
+                "sizes": hist.sum(axis=1).tolist(),
+                "histogram": hist.tolist(),
+            }
+        )
+    )
+
+
+def _attach_log(rundir: RunDir) -> logging.Handler:
+    handler = logging.FileHandler(rundir.log)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    return handler
+
+
+def start(
+    config: RunConfig,
+    out: Path,
+    overwrite: bool = False,
+    progress: bool = True,
+    callbacks: tuple[RoundCallback, ...] = (),
+) -> RunDir:
+    """Run a new experiment into ``out``."""
+    rundir = RunDir(out)
+    if rundir.exists() and not overwrite:
+        raise FileExistsError(
+            f"{out} already holds a run; continue it with `taciturn resume {out}` or pass --overwrite"
+        )
+    exp = prepare(config, out)  # everything that can fail on config or data fails here
+    if rundir.path.exists():
+        for stale in (rundir.metrics, rundir.ledger, rundir.events, rundir.log, rundir.report):
+            stale.unlink(missing_ok=True)
+        for folder in (rundir.checkpoints, rundir.plots):
+            shutil.rmtree(folder, ignore_errors=True)
+    rundir.path.mkdir(parents=True, exist_ok=True)
+    rundir.config.write_text(to_toml(config))
+    _write_partition(exp)
+    params = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))
+    state = exp.algorithm.init_server(params, exp.data.num_clients)
+    counters = {"round": 0, "wall_s": 0.0, "rejected": 0, "failed": 0}
+    row = _evaluate(exp, state, counters, None)
+    RunDir.append_jsonl(rundir.metrics, row)
+    return _loop(exp, state, counters, progress, callbacks)
+
+
+def resume(path: Path, progress: bool = True, callbacks: tuple[RoundCallback, ...] = ()) -> RunDir:
+    """Continue a run from its last checkpoint; it ends with the numbers of an uninterrupted run."""
+    rundir = RunDir(path)
+    if not rundir.exists():
+        raise FileNotFoundError(f"{path} is not a run directory (no config.toml)")
+    config = load_config(rundir.config)
+    latest = rundir.latest_checkpoint()
+    if latest is None:
+        log.info("no checkpoint in %s: starting it again from round 0", path)
+        return start(config, path, overwrite=True, progress=progress, callbacks=callbacks)
+    round, folder = latest
+    rundir.truncate_after(round)
+    exp = prepare(config, path, ledger=Ledger.from_csv(rundir.ledger, up_to_round=round))
+    initial = exp.algorithm.init_server(
+        exp.task.init_params(exp.streams.torch(0, SERVER, "init")), exp.data.num_clients
+    )
+    state, counters = checkpoint.load(folder, type(initial), exp.store)
+    return _loop(exp, state, counters, progress, callbacks)
+
+
+def _evaluate(
+    exp: Experiment, state: Any, counters: dict[str, Any], report: RoundReport | None
+) -> dict[str, Any]:
+    test = exp.data.dataset
+    scores = exp.task.evaluate(
+        exp.algorithm.global_params(state), test.x_test, test.y_test, exp.config.eval.batch_size
+    )
+    up, down = exp.ledger.totals(Direction.UP), exp.ledger.totals(Direction.DOWN)
+    return {
+        "round": counters["round"],
+        "accuracy": scores["accuracy"],
+        "loss": scores["loss"],
+        "bytes_up": up.bytes_sent,
+        "bytes_down": down.bytes_sent,
+        "messages_up": up.messages_sent,
+        "messages_down": down.messages_sent,
+        "delivered_up": up.messages_delivered,
+        "delivered_down": down.messages_delivered,
+        "train_loss": None if report is None else report.train_loss,
+        "clients": 0 if report is None else len(report.selected),
+        "rejected": counters["rejected"],
+        "failed": counters["failed"],
+        "wall_s": round(counters["wall_s"], 3),
+    }
+
+
+def _record_events(rundir: RunDir, report: RoundReport) -> None:
+    for kind, items in (("rejected", report.rejected), ("failed", report.failed)):
+        for client, reason in items:
+            RunDir.append_jsonl(
+                rundir.events, {"round": report.round, "client": client, "event": kind, "reason": reason}
+            )
+
+
+def _loop(
+    exp: Experiment,
+    state: Any,
+    counters: dict[str, Any],
+    progress: bool,
+    callbacks: tuple[RoundCallback, ...],
+) -> RunDir:
+    config, rundir = exp.config, exp.rundir
+    handler = _attach_log(rundir)
+    log.info(
+        "run %s: %s on %s, rounds %d..%d",
+        config.name,
+        config.algorithm.name,
+        config.data.dataset,
+        counters["round"] + 1,
+        config.rounds,
+    )
+    try:
+        with RoundProgress(config.rounds, counters["round"], enabled=progress) as bar:
+            for round in range(counters["round"] + 1, config.rounds + 1):
+                started = time.perf_counter()
+                state, report = exp.federation.run_round(state, round)
+                counters["wall_s"] += time.perf_counter() - started
+                exp.ledger.append_csv(rundir.ledger, round)
+                _record_events(rundir, report)
+                if report.selected and len(report.failed) == len(report.selected):
+                    raise RunFailed(
+                        f"every client failed in round {round}; first error: {report.failed[0][1]}"
+                    )
+                counters["round"] = round
+                counters["rejected"] += len(report.rejected)
+                counters["failed"] += len(report.failed)
+                row = None
+                if round % config.eval.every == 0 or round == config.rounds:
+                    started = time.perf_counter()
+                    row = _evaluate(exp, state, counters, report)  # wall_s so far, this evaluation excluded
+                    RunDir.append_jsonl(rundir.metrics, row)
+                    counters["wall_s"] += time.perf_counter() - started
+                if round % config.checkpoint.every == 0 or round == config.rounds:
+                    checkpoint.save(rundir.checkpoint_dir(round), state, exp.store, counters)
+                    rundir.prune_checkpoints(config.checkpoint.keep)
+                bar.update(round, row, exp.ledger)
+                for callback in callbacks:
+                    callback(round, row)
+    finally:
+        log.removeHandler(handler)
+        handler.close()
+    from taciturn.report.html import write_report
+
+    write_report(rundir)
+    return rundir

@@ -1,0 +1,161 @@
+"""Self-contained HTML reports (images inlined) for one run, or several side by side."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+
+import numpy as np
+
+from taciturn.report import plots
+from taciturn.report.rundir import RunDir
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h1 { margin-bottom: 0.2em; }
+h2 { border-bottom: 1px solid #ddd; padding-bottom: 0.2em; margin-top: 1.6em; }
+table { border-collapse: collapse; margin: 0.6em 0; } td, th { border: 1px solid #ccc; padding: 3px 9px; }
+th { background: #f4f4f4; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+pre { background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 0.85em; }
+img { max-width: 100%; } .muted { color: #777; }
+"""
+
+
+def _img(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
+
+
+def _table(header: list[str], rows: list[list], numeric_from: int = 1) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f'<td class="num">{html.escape(str(v))}</td>'
+            if i >= numeric_from
+            else f"<td>{html.escape(str(v))}</td>"
+            for i, v in enumerate(row)
+        )
+        + "</tr>"
+        for row in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def summary(rows: list[dict]) -> dict:
+    """Headline numbers of one run's metrics."""
+    if not rows:
+        return {}
+    last = rows[-1]
+    best = max(rows, key=lambda r: r["accuracy"])
+    return {
+        "rounds": last["round"],
+        "final accuracy": round(last["accuracy"], 4),
+        "best accuracy": f"{best['accuracy']:.4f} (round {best['round']})",
+        "MB up": round(last["bytes_up"] / 1e6, 3),
+        "MB down": round(last["bytes_down"] / 1e6, 3),
+        "messages up (delivered)": f"{last['messages_up']} ({last['delivered_up']})",
+        "messages down (delivered)": f"{last['messages_down']} ({last['delivered_down']})",
+        "rejected updates": last["rejected"],
+        "failed clients": last["failed"],
+        "wall s": last["wall_s"],
+    }
+
+
+def write_report(rundir: RunDir) -> Path:
+    images = plots.run_plots(rundir)
+    rows = rundir.read_metrics()
+    parts = [f"<h1>taciturn run: {html.escape(rundir.path.name)}</h1>"]
+    parts.append(_table(["", "value"], [[k, v] for k, v in summary(rows).items()]))
+    parts += [
+        "<h2>Accuracy</h2>",
+        _img(images["accuracy"]),
+        "<h2>Communication</h2>",
+        _img(images["bytes"]),
+        _img(images["traffic"]),
+    ]
+    if "partition" in images:
+        part = rundir.read_partition()
+        sizes = np.array(part["sizes"])
+        classes = (np.array(part["histogram"]) > 0).sum(axis=1)
+        parts += [
+            "<h2>Partition</h2>",
+            f"<p>{html.escape(part['dataset'])} from "
+            f"<span class='muted'>{html.escape(part['source'])}</span>: "
+            f"{part['num_clients']} clients, {part['kind']} split. "
+            f"Samples per client: min {sizes.min()}, median {int(np.median(sizes))}, max {sizes.max()}. "
+            f"Classes per client: min {classes.min()}, median {int(np.median(classes))}, "
+            f"max {classes.max()}.</p>",
+            _img(images["partition"]),
+            _histogram_table(part),
+        ]
+    events = RunDir.read_jsonl(rundir.events)
+    if events:
+        parts += [
+            "<h2>Rejected updates and failed clients</h2>",
+            _table(
+                ["round", "client", "event", "reason"],
+                [[e["round"], e["client"], e["event"], e["reason"]] for e in events[:200]],
+                99,
+            ),
+        ]
+    parts += [
+        "<h2>Metrics</h2>",
+        _metrics_table(rows),
+        "<h2>Config</h2>",
+        f"<pre>{html.escape(rundir.config.read_text())}</pre>",
+    ]
+    return _write(rundir.report, f"taciturn: {rundir.path.name}", parts)
+
+
+def _histogram_table(part: dict, max_clients: int = 100) -> str:
+    hist = part["histogram"]
+    header = ["client", *[str(c) for c in range(part["num_classes"])], "total"]
+    rows = [[i, *counts, sum(counts)] for i, counts in enumerate(hist[:max_clients])]
+    more = (
+        f"<p class='muted'>first {max_clients} of {len(hist)} clients</p>" if len(hist) > max_clients else ""
+    )
+    return f"<details><summary>Per-client class histogram</summary>{_table(header, rows)}{more}</details>"
+
+
+def _metrics_table(rows: list[dict]) -> str:
+    keys = ["round", "accuracy", "loss", "bytes_up", "bytes_down", "messages_up", "messages_down", "wall_s"]
+    body = [[r[k] if not isinstance(r[k], float) else f"{r[k]:.4f}" for k in keys] for r in rows]
+    return f"<details><summary>{len(rows)} evaluations</summary>{_table(keys, body, 0)}</details>"
+
+
+def _write(path: Path, title: str, parts: list[str]) -> Path:
+    path.write_text(
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>"
+    )
+    return path
+
+
+def write_comparison(rundirs: list[RunDir], out: Path) -> Path:
+    """Overlay several runs (accuracy vs round and vs bytes) with a summary table."""
+    out.mkdir(parents=True, exist_ok=True)
+    labels = _labels(rundirs)
+    series = [(label, r.read_metrics()) for label, r in zip(labels, rundirs, strict=True)]
+    acc = plots.accuracy_vs_round(series, out / "accuracy_vs_round.png")
+    comm = plots.accuracy_vs_bytes(series, out / "accuracy_vs_bytes.png")
+    keys = list(summary(series[0][1]))
+    table = _table(["run", *keys], [[label, *summary(rows).values()] for label, rows in series])
+    configs = "".join(
+        f"<details><summary>{html.escape(label)}</summary><pre>{html.escape(r.config.read_text())}</pre></details>"
+        for label, r in zip(labels, rundirs, strict=True)
+    )
+    (out / "summary.json").write_text(json.dumps({label: summary(rows) for label, rows in series}, indent=1))
+    return _write(
+        out / "compare.html",
+        "taciturn comparison",
+        ["<h1>taciturn comparison</h1>", table, _img(acc), _img(comm), "<h2>Configs</h2>", configs],
+    )
+
+
+def _labels(rundirs: list[RunDir]) -> list[str]:
+    names = [r.path.name for r in rundirs]
+    return names if len(set(names)) == len(names) else [str(r.path) for r in rundirs]

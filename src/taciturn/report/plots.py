@@ -1,0 +1,109 @@
+"""Plots (PNG) made from a run directory alone, so any run, old or new, can be re-plotted."""
+
+from __future__ import annotations
+
+import csv
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+from taciturn.report.rundir import RunDir
+
+Series = list[tuple[str, list[dict]]]  # (label, metrics rows)
+
+
+def bytes_per_round(ledger: Path) -> dict[str, dict[int, int]]:
+    """{'up': {round: bytes sent}, 'down': {...}} from a ledger file."""
+    totals: dict[str, dict[int, int]] = {"up": defaultdict(int), "down": defaultdict(int)}
+    if ledger.exists():
+        with ledger.open(newline="") as f:
+            for row in csv.DictReader(f):
+                totals[row["direction"]][int(row["round"])] += int(row["bytes_sent"])
+    return totals
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def accuracy_vs_round(series: Series, path: Path) -> Path:
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for label, rows in series:
+        rounds = [r["round"] for r in rows]
+        ax_acc.plot(rounds, [r["accuracy"] for r in rows], label=label)
+        ax_loss.plot(rounds, [r["loss"] for r in rows], label=label)
+    ax_acc.set(xlabel="round", ylabel="test accuracy", title="Accuracy vs round")
+    ax_loss.set(xlabel="round", ylabel="test loss", title="Loss vs round")
+    for ax in (ax_acc, ax_loss):
+        ax.grid(alpha=0.3)
+    if len(series) > 1:
+        ax_acc.legend()
+    return _save(fig, path)
+
+
+def accuracy_vs_bytes(series: Series, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for label, rows in series:
+        total = [(r["bytes_up"] + r["bytes_down"]) / 1e6 for r in rows]
+        ax.plot(total, [r["accuracy"] for r in rows], marker=".", label=label)
+    ax.set(
+        xlabel="cumulative bytes, up + down (MB)", ylabel="test accuracy", title="Accuracy vs communication"
+    )
+    ax.grid(alpha=0.3)
+    if len(series) > 1:
+        ax.legend()
+    return _save(fig, path)
+
+
+def traffic_per_round(ledger: Path, path: Path) -> Path:
+    totals = bytes_per_round(ledger)
+    rounds = sorted(set(totals["up"]) | set(totals["down"]))
+    up = np.array([totals["up"].get(r, 0) for r in rounds]) / 1e6
+    down = np.array([totals["down"].get(r, 0) for r in rounds]) / 1e6
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    ax.bar(rounds, down, label="down (server to clients)", color="tab:blue", width=1.0)
+    ax.bar(rounds, up, bottom=down, label="up (clients to server)", color="tab:orange", width=1.0)
+    ax.set(xlabel="round", ylabel="MB sent", title="Bytes per round")
+    ax.legend()
+    return _save(fig, path)
+
+
+def partition_histogram(partition: dict, path: Path, max_clients: int = 100) -> Path:
+    hist = np.array(partition["histogram"])
+    shown = hist[:max_clients]
+    fig, ax = plt.subplots(figsize=(10, 3.8))
+    bottom = np.zeros(len(shown))
+    cmap = plt.get_cmap("tab10" if hist.shape[1] <= 10 else "tab20")
+    for c in range(hist.shape[1]):
+        ax.bar(
+            np.arange(len(shown)), shown[:, c], bottom=bottom, color=cmap(c % cmap.N), width=1.0, label=str(c)
+        )
+        bottom += shown[:, c]
+    more = f" (first {max_clients} of {len(hist)})" if len(hist) > max_clients else ""
+    ax.set(
+        xlabel=f"client{more}", ylabel="samples", title=f"Samples per client and class: {partition['kind']}"
+    )
+    ax.legend(title="class", ncol=2, fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
+    return _save(fig, path)
+
+
+def run_plots(rundir: RunDir) -> dict[str, Path]:
+    rows = rundir.read_metrics()
+    series = [(rundir.path.name, rows)]
+    plots = {
+        "accuracy": accuracy_vs_round(series, rundir.plots / "accuracy_vs_round.png"),
+        "bytes": accuracy_vs_bytes(series, rundir.plots / "accuracy_vs_bytes.png"),
+        "traffic": traffic_per_round(rundir.ledger, rundir.plots / "bytes_per_round.png"),
+    }
+    if rundir.partition.exists():
+        plots["partition"] = partition_histogram(rundir.read_partition(), rundir.plots / "partition.png")
+    return plots

@@ -1,0 +1,6 @@
+"""Tasks: a model plus its loss and evaluation, written as pure functions of the parameters."""
+
+from taciturn.tasks.classification import ClassificationTask
+from taciturn.tasks.models import build_model
+
+__all__ = ["ClassificationTask", "build_model"]

@@ -1,0 +1,53 @@
+"""Classification task: cross-entropy loss and evaluation as pure functions of the parameters.
+
+The model module only provides the architecture; parameters live outside it as a name -> tensor
+dict and are passed in with ``torch.func.functional_call``. That makes the loss a pure function
+of (parameters, batch), which algorithms extend into their local objectives and which a
+vectorized executor can ``vmap`` over clients.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from taciturn.core.params import Params
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class ClassificationTask:
+    def __init__(self, model: nn.Module):
+        if any(True for _ in model.buffers()):
+            raise ValueError("models with buffers (e.g. BatchNorm statistics) are not supported yet")
+        self.model = model
+
+    def init_params(self, generator: torch.Generator) -> Params:
+        """Fresh parameters with PyTorch's default initialisation, drawn from ``generator``."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(torch.randint(0, 2**62, (), generator=generator)))
+            for module in self.model.modules():
+                if module is not self.model and hasattr(module, "reset_parameters"):
+                    module.reset_parameters()
+        return {name: p.detach().clone() for name, p in self.model.named_parameters()}
+
+    def logits(self, params: Params, x: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.model, params, (x,))
+
+    def loss(self, params: Params, batch: Batch) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self.logits(params, x), y)
+
+    @torch.no_grad()
+    def evaluate(
+        self, params: Params, x: torch.Tensor, y: torch.Tensor, batch_size: int = 2000
+    ) -> dict[str, float]:
+        total_loss, correct = 0.0, 0
+        for start in range(0, len(y), batch_size):
+            logits = self.logits(params, x[start : start + batch_size])
+            target = y[start : start + batch_size]
+            total_loss += float(F.cross_entropy(logits, target, reduction="sum"))
+            correct += int((logits.argmax(dim=1) == target).sum())
+        return {"loss": total_loss / len(y), "accuracy": correct / len(y)}

@@ -1,0 +1,105 @@
+import numpy as np
+import pytest
+import safetensors.numpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from taciturn.core import Channel, Direction, Ledger, Message, Streams, decode, encode
+from taciturn.core.codec import CodecError
+
+DTYPES = [
+    np.bool_,
+    np.uint8,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.uint16,
+    np.uint32,
+    np.uint64,
+    np.float16,
+    np.float32,
+    np.float64,
+]
+
+arrays = st.sampled_from(DTYPES).flatmap(
+    lambda dt: hnp.arrays(dtype=dt, shape=hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5))
+)
+names = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=12
+).filter(lambda s: s != "__metadata__")
+meta_values = st.one_of(
+    st.text(max_size=20),
+    st.integers(-(2**53), 2**53),
+    st.booleans(),
+    st.floats(allow_nan=False, allow_infinity=False),
+)
+messages = st.builds(
+    Message,
+    arrays=st.dictionaries(names, arrays, max_size=5),
+    meta=st.dictionaries(st.text(max_size=10), meta_values, max_size=5),
+)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages)
+def test_round_trip_is_exact(message):
+    back = decode(encode(message))
+    assert set(back.arrays) == set(message.arrays)
+    for name, array in message.arrays.items():
+        assert same_bits(back.arrays[name], array)  # NaN payloads and -0.0 included
+    assert dict(back.meta) == dict(message.meta)
+    assert all(type(back.meta[k]) is type(v) for k, v in message.meta.items())
+
+
+def test_round_trip_keeps_nan_and_noncontiguous_and_big_endian():
+    a = np.array([np.nan, -0.0, np.inf, 1.5], dtype=np.float32)
+    strided = np.arange(20, dtype=np.float64).reshape(4, 5)[:, ::2]
+    big = np.arange(6, dtype=">i4")
+    back = decode(encode(Message({"a": a, "s": strided, "b": big})))
+    assert same_bits(back.arrays["a"], a)
+    np.testing.assert_array_equal(back.arrays["s"], strided)
+    np.testing.assert_array_equal(back.arrays["b"], big)
+
+
+def test_encoding_is_plain_safetensors():
+    message = Message({"w": np.ones((2, 3), np.float32)}, {"round": 3})
+    loaded = safetensors.numpy.load(encode(message))
+    np.testing.assert_array_equal(loaded["w"], np.ones((2, 3)))
+
+
+@pytest.mark.parametrize(
+    "data", [b"", b"\x01\x02", b"\xff" * 8 + b"{}", b"\x02\x00\x00\x00\x00\x00\x00\x00{x"]
+)
+def test_garbage_is_a_codec_error(data):
+    with pytest.raises(CodecError):
+        decode(data)
+
+
+def test_unsupported_content_is_refused_with_a_reason():
+    with pytest.raises(TypeError, match="no safetensors encoding"):
+        encode(Message({"c": np.zeros(2, np.complex64)}))
+    with pytest.raises(TypeError, match="metadata holds"):
+        Message(meta={"x": [1, 2]})
+    with pytest.raises(ValueError, match="finite"):
+        Message(meta={"x": float("nan")})
+    with pytest.raises(TypeError, match="from_tensors"):
+        Message({"x": [1.0]})
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(messages, min_size=1, max_size=6))
+def test_ledger_bytes_equal_encoded_sizes(batch):
+    ledger = Ledger()
+    channel = Channel(ledger, Streams(0))
+    for client, message in enumerate(batch):
+        channel.send(Direction.UP, 1, client, message)
+    sizes = [len(encode(m)) for m in batch]
+    assert ledger.totals(Direction.UP).bytes_sent == sum(sizes)
+    assert [row["bytes_sent"] for row in ledger.rows()] == sizes
+    assert ledger.totals(Direction.DOWN).bytes_sent == 0
