@@ -21,12 +21,11 @@ def _demo_config() -> Path:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from taciturn.experiments.config import load_config
-    from taciturn.experiments.runner import start
+    from taciturn.experiments import types
 
-    config = load_config(args.config, args.set or [])
+    config = types.load(args.config, args.set or [])
     out = Path(args.out or Path("runs") / config.name)
-    rundir = start(config, out, overwrite=args.overwrite, progress=not args.quiet)
+    rundir = types.start(config, out, overwrite=args.overwrite, progress=not args.quiet)
     _print_summary(rundir)
     return 0
 
@@ -38,17 +37,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from taciturn.experiments.runner import resume
+    from taciturn.experiments import types
 
-    _print_summary(resume(Path(args.run), progress=not args.quiet))
+    _print_summary(types.resume(Path(args.run), progress=not args.quiet))
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from taciturn.report.html import write_report
+    from taciturn.experiments import types
 
     for path in args.runs:
-        console.print(f"report: [bold]{write_report(_existing_run(path))}[/]")
+        console.print(f"report: [bold]{types.report(_existing_run(path))}[/]")
     return 0
 
 

@@ -7,8 +7,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from taciturn.algorithms.base import Algorithm, ClientContext, ClientOutput, LocalTraining
-from taciturn.data.federated import FederatedData
 from taciturn.engine.local_training import train_locally
+from taciturn.tasks.base import ClientData
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +18,7 @@ class ClientFailed(RuntimeError):
 
 
 class Executor(ABC):
-    def __init__(self, algorithm: Algorithm, loss, data: FederatedData):
+    def __init__(self, algorithm: Algorithm, loss, data: ClientData):
         self.algorithm = algorithm
         self.loss = loss
         self.data = data

@@ -16,9 +16,9 @@ from taciturn.core.channel import Channel
 from taciturn.core.ledger import Direction
 from taciturn.core.rng import SERVER, Streams
 from taciturn.core.state_store import ClientStateStore
-from taciturn.data.federated import FederatedData
 from taciturn.engine.executor import ClientFailed, Executor
 from taciturn.engine.validation import uplink_problem
+from taciturn.tasks.base import ClientData
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class Federation:
         channel: Channel,
         store: ClientStateStore,
         streams: Streams,
-        data: FederatedData,
+        data: ClientData,
     ):
         self.algorithm = algorithm
         self.executor = executor

@@ -14,7 +14,7 @@ import torch
 
 from taciturn.algorithms.base import Algorithm, LocalConfig, LocalTraining, TrainResult
 from taciturn.core.params import Params
-from taciturn.data.federated import FederatedData
+from taciturn.tasks.base import ClientData
 
 
 def batch_plan(num_samples: int, config: LocalConfig, rng: np.random.Generator) -> list[np.ndarray]:
@@ -56,7 +56,7 @@ def sgd_step(
 def train_locally(
     algorithm: Algorithm,
     loss,
-    data: FederatedData,
+    data: ClientData,
     client: int,
     work: LocalTraining,
     config: LocalConfig,

@@ -120,6 +120,9 @@ _DEFAULT_TAGS = (
 
 
 class RunConfig(StrictModel):
+    """A round-based federated run (FedAvg and the methods that share its shape)."""
+
+    type: Literal["federated"] = "federated"
     name: str = Field("run", min_length=1)
     seed: int = Field(0, ge=0)
     rounds: int = Field(50, ge=1)
@@ -167,7 +170,7 @@ def _tag_of(member: type[BaseModel]) -> tuple[str, Any]:
     return "", None
 
 
-def _resolve(loc: tuple) -> tuple[list[str], type[BaseModel] | None, list]:
+def _resolve(loc: tuple, root: type[BaseModel]) -> tuple[list[str], type[BaseModel] | None, list]:
     """Follow a pydantic error location through the config classes.
 
     Returns the location as the user wrote it (pydantic inserts discriminator tags such as
@@ -175,7 +178,7 @@ def _resolve(loc: tuple) -> tuple[list[str], type[BaseModel] | None, list]:
     may be an unknown key, and the other members of the union that owner belongs to.
     """
     path: list[str] = []
-    current: Any = RunConfig
+    current: Any = root
     members: list = []
     parts = list(loc)
     while parts:
@@ -202,9 +205,9 @@ def _resolve(loc: tuple) -> tuple[list[str], type[BaseModel] | None, list]:
     return path, owner, [m for m in members if m is not owner]
 
 
-def _describe(error: dict) -> str:
+def _describe(error: dict, root: type[BaseModel]) -> str:
     loc = tuple(error["loc"])
-    path, owner, siblings = _resolve(loc)
+    path, owner, siblings = _resolve(loc, root)
     where = ".".join(path) or "(top level)"
     if error["type"] == "extra_forbidden":
         key = str(loc[-1])
@@ -251,15 +254,17 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def validate(tree: dict, source: str) -> RunConfig:
+def validate(tree: dict, source: str, root: type[BaseModel] = RunConfig) -> Any:
+    """Validate a config tree against ``root``; errors name the file, the key and the fix."""
     try:
-        return RunConfig.model_validate(tree)
+        return root.model_validate(tree)
     except ValidationError as error:
-        lines = [_describe(e) for e in error.errors()]
+        lines = [_describe(e, root) for e in error.errors()]
         raise ConfigError(f"invalid config {source}:\n  " + "\n  ".join(lines)) from None
 
 
-def load_config(path: Path | str, overrides: list[str] = ()) -> RunConfig:
+def read_tree(path: Path | str, overrides: list[str] = ()) -> dict:
+    """The TOML file as a dict, with ``--set`` overrides applied."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
@@ -269,7 +274,11 @@ def load_config(path: Path | str, overrides: list[str] = ()) -> RunConfig:
         raise ConfigError(f"{path} is not valid TOML: {error}") from None
     for item in overrides:
         _set(tree, *parse_override(item))
-    return validate(tree, str(path))
+    return tree
+
+
+def load_config(path: Path | str, overrides: list[str] = ()) -> RunConfig:
+    return validate(read_tree(path, overrides), str(path))
 
 
 def to_toml(config: RunConfig) -> str:

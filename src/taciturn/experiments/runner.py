@@ -29,6 +29,7 @@ from taciturn.experiments import checkpoint
 from taciturn.experiments.config import ConfigError, RunConfig, load_config, to_toml
 from taciturn.experiments.progress import RoundProgress
 from taciturn.report.rundir import RunDir
+from taciturn.tasks.base import Task
 from taciturn.tasks.classification import ClassificationTask
 from taciturn.tasks.models import build_model
 
@@ -47,7 +48,7 @@ class Experiment:
     rundir: RunDir
     streams: Streams
     data: FederatedData
-    task: ClassificationTask
+    task: Task
     algorithm: Algorithm
     ledger: Ledger
     store: MemoryStateStore
@@ -76,7 +77,7 @@ def prepare(config: RunConfig, out: Path, ledger: Ledger | None = None) -> Exper
         raise ConfigError(
             f"[model] {error} (data {config.data.dataset}: input {dataset.input_shape})"
         ) from None
-    task = ClassificationTask(model)
+    task = ClassificationTask(model, dataset.x_test, dataset.y_test, config.eval.batch_size)
     algorithm = build_algorithm(config.algorithm)
     ledger = ledger or Ledger()
     channel = Channel(ledger, streams, config.channel.drop_up, config.channel.drop_down)
@@ -164,15 +165,11 @@ def resume(path: Path, progress: bool = True, callbacks: tuple[RoundCallback, ..
 def _evaluate(
     exp: Experiment, state: Any, counters: dict[str, Any], report: RoundReport | None
 ) -> dict[str, Any]:
-    test = exp.data.dataset
-    scores = exp.task.evaluate(
-        exp.algorithm.global_params(state), test.x_test, test.y_test, exp.config.eval.batch_size
-    )
+    scores = exp.task.evaluate(exp.algorithm.global_params(state))
     up, down = exp.ledger.totals(Direction.UP), exp.ledger.totals(Direction.DOWN)
     return {
         "round": counters["round"],
-        "accuracy": scores["accuracy"],
-        "loss": scores["loss"],
+        **scores,
         "bytes_up": up.bytes_sent,
         "bytes_down": down.bytes_sent,
         "messages_up": up.messages_sent,

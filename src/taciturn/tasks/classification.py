@@ -19,10 +19,15 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class ClassificationTask:
-    def __init__(self, model: nn.Module):
+    primary_metric = "accuracy"
+
+    def __init__(
+        self, model: nn.Module, x_test: torch.Tensor, y_test: torch.Tensor, eval_batch_size: int = 2000
+    ):
         if any(True for _ in model.buffers()):
             raise ValueError("models with buffers (e.g. BatchNorm statistics) are not supported yet")
         self.model = model
+        self.x_test, self.y_test, self.eval_batch_size = x_test, y_test, eval_batch_size
 
     def init_params(self, generator: torch.Generator) -> Params:
         """Fresh parameters with PyTorch's default initialisation, drawn from ``generator``."""
@@ -40,10 +45,13 @@ class ClassificationTask:
         x, y = batch
         return F.cross_entropy(self.logits(params, x), y)
 
+    def evaluate(self, params: Params) -> dict[str, float]:
+        return self.evaluate_on(params, self.x_test, self.y_test)
+
     @torch.no_grad()
-    def evaluate(
-        self, params: Params, x: torch.Tensor, y: torch.Tensor, batch_size: int = 2000
-    ) -> dict[str, float]:
+    def evaluate_on(self, params: Params, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        """Mean cross-entropy and accuracy on (x, y), in large batches."""
+        batch_size = self.eval_batch_size
         total_loss, correct = 0.0, 0
         for start in range(0, len(y), batch_size):
             logits = self.logits(params, x[start : start + batch_size])

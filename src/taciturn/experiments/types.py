@@ -1,0 +1,68 @@
+"""Experiment types: what ``taciturn run`` can run, chosen by the config's top-level ``type``.
+
+``federated`` is the round-based engine (FedAvg and the methods sharing its shape). Protocols
+that are not round-shaped (federated Q-learning, multi-agent bandits) register their own type:
+a config model with a ``type`` literal, a start and a resume function, and a report writer.
+All of them write the same run directory.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from taciturn.experiments import runner
+from taciturn.experiments.config import ConfigError, RunConfig, read_tree, validate
+from taciturn.report.html import write_report
+from taciturn.report.rundir import RunDir
+
+
+@dataclass(frozen=True)
+class ExperimentType:
+    config: type[BaseModel]
+    start: Callable[..., RunDir]  # (config, out, overwrite=, progress=, callbacks=)
+    resume: Callable[..., RunDir]  # (path, progress=, callbacks=)
+    report: Callable[[RunDir], Path]
+
+
+TYPES: dict[str, ExperimentType] = {
+    "federated": ExperimentType(RunConfig, runner.start, runner.resume, write_report),
+}
+
+
+def _type_of(tree: dict, source: str) -> ExperimentType:
+    name = tree.get("type", "federated")
+    if name not in TYPES:
+        close = difflib.get_close_matches(str(name), TYPES, n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"choose one of {', '.join(TYPES)}"
+        raise ConfigError(f"invalid config {source}:\n  [type] unknown experiment type {name!r}: {hint}")
+    return TYPES[name]
+
+
+def load(path: Path | str, overrides: list[str] = ()) -> Any:
+    tree = read_tree(path, overrides)
+    return validate(tree, str(path), _type_of(tree, str(path)).config)
+
+
+def start(config: Any, out: Path, **options: Any) -> RunDir:
+    return TYPES[config.type].start(config, out, **options)
+
+
+def _type_of_run(rundir: RunDir) -> ExperimentType:
+    if not rundir.exists():
+        raise FileNotFoundError(f"{rundir.path} is not a run directory (no config.toml)")
+    return _type_of(tomllib.loads(rundir.config.read_text()), str(rundir.config))
+
+
+def resume(path: Path, **options: Any) -> RunDir:
+    return _type_of_run(RunDir(path)).resume(path, **options)
+
+
+def report(rundir: RunDir) -> Path:
+    return _type_of_run(rundir).report(rundir)
