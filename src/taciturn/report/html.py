@@ -24,12 +24,12 @@ img { max-width: 100%; } .muted { color: #777; }
 """
 
 
-def _img(path: Path) -> str:
+def image(path: Path) -> str:
     data = base64.b64encode(path.read_bytes()).decode()
     return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
 
 
-def _table(header: list[str], rows: list[list], numeric_from: int = 1) -> str:
+def table(header: list[str], rows: list[list], numeric_from: int = 1) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join(
         "<tr>"
@@ -69,13 +69,13 @@ def write_report(rundir: RunDir) -> Path:
     images = plots.run_plots(rundir)
     rows = rundir.read_metrics()
     parts = [f"<h1>taciturn run: {html.escape(rundir.path.name)}</h1>"]
-    parts.append(_table(["", "value"], [[k, v] for k, v in summary(rows).items()]))
+    parts.append(table(["", "value"], [[k, v] for k, v in summary(rows).items()]))
     parts += [
         "<h2>Accuracy</h2>",
-        _img(images["accuracy"]),
+        image(images["accuracy"]),
         "<h2>Communication</h2>",
-        _img(images["bytes"]),
-        _img(images["traffic"]),
+        image(images["bytes"]),
+        image(images["traffic"]),
     ]
     if "partition" in images:
         part = rundir.read_partition()
@@ -89,14 +89,14 @@ def write_report(rundir: RunDir) -> Path:
             f"Samples per client: min {sizes.min()}, median {int(np.median(sizes))}, max {sizes.max()}. "
             f"Classes per client: min {classes.min()}, median {int(np.median(classes))}, "
             f"max {classes.max()}.</p>",
-            _img(images["partition"]),
+            image(images["partition"]),
             _histogram_table(part),
         ]
     events = RunDir.read_jsonl(rundir.events)
     if events:
         parts += [
             "<h2>Rejected updates and failed clients</h2>",
-            _table(
+            table(
                 ["round", "client", "event", "reason"],
                 [[e["round"], e["client"], e["event"], e["reason"]] for e in events[:200]],
                 99,
@@ -108,7 +108,7 @@ def write_report(rundir: RunDir) -> Path:
         "<h2>Config</h2>",
         f"<pre>{html.escape(rundir.config.read_text())}</pre>",
     ]
-    return _write(rundir.report, f"taciturn: {rundir.path.name}", parts)
+    return page(rundir.report, f"taciturn: {rundir.path.name}", parts)
 
 
 def _histogram_table(part: dict, max_clients: int = 100) -> str:
@@ -118,16 +118,16 @@ def _histogram_table(part: dict, max_clients: int = 100) -> str:
     more = (
         f"<p class='muted'>first {max_clients} of {len(hist)} clients</p>" if len(hist) > max_clients else ""
     )
-    return f"<details><summary>Per-client class histogram</summary>{_table(header, rows)}{more}</details>"
+    return f"<details><summary>Per-client class histogram</summary>{table(header, rows)}{more}</details>"
 
 
 def _metrics_table(rows: list[dict]) -> str:
     keys = ["round", "accuracy", "loss", "bytes_up", "bytes_down", "messages_up", "messages_down", "wall_s"]
     body = [[r[k] if not isinstance(r[k], float) else f"{r[k]:.4f}" for k in keys] for r in rows]
-    return f"<details><summary>{len(rows)} evaluations</summary>{_table(keys, body, 0)}</details>"
+    return f"<details><summary>{len(rows)} evaluations</summary>{table(keys, body, 0)}</details>"
 
 
-def _write(path: Path, title: str, parts: list[str]) -> Path:
+def page(path: Path, title: str, parts: list[str]) -> Path:
     path.write_text(
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>"
@@ -143,16 +143,16 @@ def write_comparison(rundirs: list[RunDir], out: Path) -> Path:
     acc = plots.accuracy_vs_round(series, out / "accuracy_vs_round.png")
     comm = plots.accuracy_vs_bytes(series, out / "accuracy_vs_bytes.png")
     keys = list(summary(series[0][1]))
-    table = _table(["run", *keys], [[label, *summary(rows).values()] for label, rows in series])
+    overview = table(["run", *keys], [[label, *summary(rows).values()] for label, rows in series])
     configs = "".join(
         f"<details><summary>{html.escape(label)}</summary><pre>{html.escape(r.config.read_text())}</pre></details>"
         for label, r in zip(labels, rundirs, strict=True)
     )
     (out / "summary.json").write_text(json.dumps({label: summary(rows) for label, rows in series}, indent=1))
-    return _write(
+    return page(
         out / "compare.html",
         "taciturn comparison",
-        ["<h1>taciturn comparison</h1>", table, _img(acc), _img(comm), "<h2>Configs</h2>", configs],
+        ["<h1>taciturn comparison</h1>", overview, image(acc), image(comm), "<h2>Configs</h2>", configs],
     )
 
 
