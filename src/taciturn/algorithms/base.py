@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -36,6 +36,8 @@ from taciturn.core.message import Message
 from taciturn.core.params import Params
 from taciturn.core.rng import Streams
 from taciturn.core.state_store import ClientState
+from taciturn.data.batching import batch_plan
+from taciturn.tasks.base import ClientData
 
 Loss = Callable[[Params, Any], torch.Tensor]
 Consts = dict[str, Any]  # a pytree of tensors
@@ -76,6 +78,15 @@ class ClientContext:
     state: ClientState | None  # the client's persistent state (None: it has none yet)
     num_samples: int  # size of the client's local data
     streams: Streams
+    data: ClientData  # the federated training set (this client's part via client_indices)
+    loss: Loss  # the task loss, a pure function of (params, batch)
+
+    def batches(self, config: LocalConfig) -> Iterator[Any]:
+        """This client's minibatches for this round, drawn from its own seeded stream."""
+        indices = self.data.client_indices(self.client)
+        rng = self.streams.numpy(self.round, self.client, "batches")
+        for positions in batch_plan(len(indices), config.batch_size, config.epochs, config.steps, rng):
+            yield self.data.batch(indices[positions])
 
 
 @dataclass
@@ -92,7 +103,6 @@ class TrainResult:
     params: Params
     momentum: Params | None
     steps: int
-    samples: int  # samples seen, counting repeats over epochs
     mean_loss: float  # mean objective over the steps taken
 
 

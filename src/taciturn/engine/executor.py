@@ -8,7 +8,6 @@ from collections.abc import Sequence
 
 from taciturn.algorithms.base import Algorithm, ClientContext, ClientOutput, LocalTraining
 from taciturn.engine.local_training import train_locally
-from taciturn.tasks.base import ClientData
 
 log = logging.getLogger(__name__)
 
@@ -18,10 +17,8 @@ class ClientFailed(RuntimeError):
 
 
 class Executor(ABC):
-    def __init__(self, algorithm: Algorithm, loss, data: ClientData):
+    def __init__(self, algorithm: Algorithm):
         self.algorithm = algorithm
-        self.loss = loss
-        self.data = data
 
     @abstractmethod
     def run(self, contexts: Sequence[ClientContext]) -> list[ClientOutput | ClientFailed]:
@@ -36,10 +33,7 @@ class SequentialExecutor(Executor):
         if isinstance(work, ClientOutput):
             return work
         assert isinstance(work, LocalTraining)
-        rng = ctx.streams.numpy(ctx.round, ctx.client, "batches")
-        result = train_locally(
-            self.algorithm, self.loss, self.data, ctx.client, work, self.algorithm.config.local, rng
-        )
+        result = train_locally(self.algorithm, ctx, work, self.algorithm.config.local)
         return self.algorithm.client_end(ctx, work, result)
 
     def run(self, contexts: Sequence[ClientContext]) -> list[ClientOutput | ClientFailed]:

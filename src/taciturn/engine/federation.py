@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from taciturn.algorithms.base import Algorithm, Arrival, ClientContext, ClientOutput
+from taciturn.algorithms.base import Algorithm, Arrival, ClientContext, ClientOutput, Loss
 from taciturn.core.channel import Channel
 from taciturn.core.ledger import Direction
 from taciturn.core.rng import SERVER, Streams
@@ -42,6 +42,7 @@ class Federation:
         store: ClientStateStore,
         streams: Streams,
         data: ClientData,
+        loss: Loss,
     ):
         self.algorithm = algorithm
         self.executor = executor
@@ -49,6 +50,7 @@ class Federation:
         self.store = store
         self.streams = streams
         self.data = data
+        self.loss = loss
 
     def run_round(self, state: Any, round: int) -> tuple[Any, RoundReport]:
         algorithm, report = self.algorithm, RoundReport(round)
@@ -69,6 +71,8 @@ class Federation:
                     self.store.get(client),
                     self.data.client_size(client),
                     self.streams,
+                    self.data,
+                    self.loss,
                 )
             )
         outputs = self.executor.run(contexts)

@@ -7,29 +7,10 @@ with an optional clip of g's global L2 norm before the momentum step.
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import torch
 
-from taciturn.algorithms.base import Algorithm, LocalConfig, LocalTraining, TrainResult
+from taciturn.algorithms.base import Algorithm, ClientContext, LocalConfig, LocalTraining, TrainResult
 from taciturn.core.params import Params
-from taciturn.tasks.base import ClientData
-
-
-def batch_plan(num_samples: int, config: LocalConfig, rng: np.random.Generator) -> list[np.ndarray]:
-    """Positions (into the client's data) of each minibatch: reshuffled every epoch, last batch kept.
-
-    With ``steps`` set, epochs are chained until exactly that many batches are taken.
-    """
-    size = min(config.batch_size, num_samples)
-    per_epoch = math.ceil(num_samples / size)
-    epochs = config.epochs if config.steps is None else math.ceil(config.steps / per_epoch)
-    batches = []
-    for _ in range(epochs):
-        order = rng.permutation(num_samples)
-        batches += [order[i : i + size] for i in range(0, num_samples, size)]
-    return batches if config.steps is None else batches[: config.steps]
 
 
 @torch.no_grad()
@@ -54,15 +35,8 @@ def sgd_step(
 
 
 def train_locally(
-    algorithm: Algorithm,
-    loss,
-    data: ClientData,
-    client: int,
-    work: LocalTraining,
-    config: LocalConfig,
-    rng: np.random.Generator,
+    algorithm: Algorithm, ctx: ClientContext, work: LocalTraining, config: LocalConfig
 ) -> TrainResult:
-    indices = data.client_indices(client)
     names = list(work.params)
     params = [work.params[n].detach().clone().requires_grad_(True) for n in names]
     momentum = None
@@ -72,20 +46,17 @@ def train_locally(
             start[n].detach().clone() if n in start else torch.zeros_like(p)
             for n, p in zip(names, params, strict=True)
         ]
-    total_loss, steps, samples = 0.0, 0, 0
-    for positions in batch_plan(len(indices), config, rng):
-        batch = data.batch(indices[positions])
+    total_loss, steps = 0.0, 0
+    for batch in ctx.batches(config):
         current: Params = dict(zip(names, params, strict=True))
-        value = algorithm.objective(loss, current, batch, work.consts)
+        value = algorithm.objective(ctx.loss, current, batch, work.consts)
         grads = torch.autograd.grad(value, params)
         sgd_step(params, list(grads), momentum, config)
         total_loss += float(value.detach())
         steps += 1
-        samples += len(positions)
     return TrainResult(
         params={n: p.detach() for n, p in zip(names, params, strict=True)},
         momentum=None if momentum is None else dict(zip(names, momentum, strict=True)),
         steps=steps,
-        samples=samples,
         mean_loss=total_loss / max(steps, 1),
     )

@@ -82,8 +82,8 @@ def prepare(config: RunConfig, out: Path, ledger: Ledger | None = None) -> Exper
     ledger = ledger or Ledger()
     channel = Channel(ledger, streams, config.channel.drop_up, config.channel.drop_down)
     store = MemoryStateStore()
-    executor = SequentialExecutor(algorithm, task.loss, data)
-    federation = Federation(algorithm, executor, channel, store, streams, data)
+    executor = SequentialExecutor(algorithm)
+    federation = Federation(algorithm, executor, channel, store, streams, data, task.loss)
     return Experiment(config, RunDir(out), streams, data, task, algorithm, ledger, store, federation)
 
 
