@@ -96,6 +96,7 @@ class LocalTraining:
     params: Params
     consts: Consts
     momentum: Params | None = None  # initial momentum buffer (None: zeros)
+    track_gradient: bool = False  # also return the mean gradient of the objective over the steps
 
 
 @dataclass
@@ -104,6 +105,7 @@ class TrainResult:
     momentum: Params | None
     steps: int
     mean_loss: float  # mean objective over the steps taken
+    mean_gradient: Params | None = None  # mean objective gradient (raw: before decay/clipping), if tracked
 
 
 @dataclass
@@ -137,7 +139,10 @@ class Algorithm(ABC):
         return np.sort(rng.choice(num_clients, size=m, replace=False))
 
     @abstractmethod
-    def downlink(self, state: Any, round: int, clients: Sequence[int]) -> Mapping[int, Message | None]: ...
+    def downlink(
+        self, state: Any, round: int, clients: Sequence[int], rng: np.random.Generator
+    ) -> Mapping[int, Message | None]:
+        """What the server sends each picked client this round (None: stay silent to it)."""
 
     @abstractmethod
     def uplink_spec(self, state: Any) -> Mapping[str, tuple[int, ...]]:

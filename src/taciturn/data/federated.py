@@ -33,6 +33,10 @@ class FederatedData:
     def num_clients(self) -> int:
         return len(self.offsets) - 1
 
+    @property
+    def num_samples(self) -> int:
+        return len(self.order)
+
     def client_size(self, client: int) -> int:
         return int(self.offsets[client + 1] - self.offsets[client])
 

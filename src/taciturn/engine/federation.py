@@ -58,7 +58,9 @@ class Federation:
             state, round, self.data.num_clients, self.streams.numpy(round, SERVER, "select")
         )
         report.selected = [int(c) for c in selected]
-        downlink = algorithm.downlink(state, round, report.selected)
+        downlink = algorithm.downlink(
+            state, round, report.selected, self.streams.numpy(round, SERVER, "downlink")
+        )
         contexts = []
         for client in report.selected:
             message = downlink.get(client)

@@ -1,8 +1,8 @@
 """Local minibatch training of one client: the reference implementation every executor matches.
 
 The optimizer is SGD with PyTorch's semantics (torch.optim.SGD, dampening 0, no Nesterov):
-    g <- grad + weight_decay * w;   b <- momentum * b + g;   w <- w - lr * b
-with an optional clip of g's global L2 norm before the momentum step.
+    g <- clip(grad) + weight_decay * w;   b <- momentum * b + g;   w <- w - lr * b
+where clip optionally rescales the gradient to a maximum global L2 norm (clip_grad_norm_).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ def sgd_step(
     momentum: list[torch.Tensor] | None,
     config: LocalConfig,
 ) -> None:
-    if config.weight_decay:
-        grads = torch._foreach_add(grads, params, alpha=config.weight_decay)
-    if config.clip_norm is not None:
+    if config.clip_norm is not None:  # torch.nn.utils.clip_grad_norm_ before optimizer.step()
         total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
         scale = config.clip_norm / (float(total) + 1e-6)
         if scale < 1.0:
             grads = torch._foreach_mul(grads, scale)
+    if config.weight_decay:
+        grads = torch._foreach_add(grads, params, alpha=config.weight_decay)
     if momentum is not None:
         torch._foreach_mul_(momentum, config.momentum)
         torch._foreach_add_(momentum, grads)
@@ -46,12 +46,15 @@ def train_locally(
             start[n].detach().clone() if n in start else torch.zeros_like(p)
             for n, p in zip(names, params, strict=True)
         ]
+    gradient_sum = [torch.zeros_like(p) for p in params] if work.track_gradient else None
     total_loss, steps = 0.0, 0
     for batch in ctx.batches(config):
         current: Params = dict(zip(names, params, strict=True))
         value = algorithm.objective(ctx.loss, current, batch, work.consts)
-        grads = torch.autograd.grad(value, params)
-        sgd_step(params, list(grads), momentum, config)
+        grads = list(torch.autograd.grad(value, params))
+        if gradient_sum is not None:
+            torch._foreach_add_(gradient_sum, grads)
+        sgd_step(params, grads, momentum, config)
         total_loss += float(value.detach())
         steps += 1
     return TrainResult(
@@ -59,4 +62,7 @@ def train_locally(
         momentum=None if momentum is None else dict(zip(names, momentum, strict=True)),
         steps=steps,
         mean_loss=total_loss / max(steps, 1),
+        mean_gradient=None
+        if gradient_sum is None
+        else {n: g / max(steps, 1) for n, g in zip(names, gradient_sum, strict=True)},
     )
