@@ -43,12 +43,33 @@ def sq_norm(p: Mapping[str, torch.Tensor]) -> torch.Tensor:
     return sum((v.pow(2).sum() for v in p.values()), torch.zeros(()))
 
 
+def sq_distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """||a - b||^2 over all tensors (differentiable in a and b)."""
+    return sum(((a[k] - b[k]).pow(2).sum() for k in a), torch.zeros(()))
+
+
+def dot(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """<a, b> over all tensors (differentiable)."""
+    return sum(((a[k] * b[k]).sum() for k in a), torch.zeros(()))
+
+
 def norm(p: Mapping[str, torch.Tensor]) -> float:
     return float(sq_norm(p).sqrt())
 
 
 def flatten(p: Mapping[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([v.reshape(-1) for v in p.values()])
+
+
+def with_prefix(prefix: str, p: Mapping[str, torch.Tensor]) -> Params:
+    """Name tensors '<prefix>/<name>' so several parameter sets share one state dict."""
+    return {f"{prefix}/{k}": v for k, v in p.items()}
+
+
+def strip_prefix(prefix: str, state: Mapping[str, torch.Tensor]) -> Params:
+    """The tensors named '<prefix>/<name>', as {name: tensor}."""
+    head = prefix + "/"
+    return {k[len(head) :]: v for k, v in state.items() if k.startswith(head)}
 
 
 def num_elements(p: Mapping[str, torch.Tensor]) -> int:

@@ -1,0 +1,207 @@
+"""Event-based distributed learning via ADMM: Er, Trimpe, Muehlebach, "Distributed Event-Based
+Learning via ADMM", ICML 2025 (arXiv 2405.10618), Algorithm 1, with the authors' public code
+(guner-dilsad-er/Distributed-Event-Based-ADMM) as the reference for what the paper leaves open.
+
+Consensus problem min_x sum_i f_i(x) in scaled form (dual u_i = lambda_i / rho), star network:
+    x_i <- argmin_x f_i(x) + (rho_i / 2) ||x - z_i_hat + u_i||^2      (inexact: local SGD)
+    x_hat_i = alpha x_i + (1 - alpha) z_i_hat                         (over-relaxation, alpha = 1: plain)
+    z <- (1/N) sum_i s_i,  s_i = the server's copy of x_hat_i + u_i
+    u_i <- u_i + x_hat_i - z_i_hat                                   (with the newest z the agent holds)
+z_i_hat is the z agent i currently holds, which may be stale. Communication is event-triggered:
+  * uplink: agent i sends v_i = x_hat_i + u_i only if ||v_i - last_i|| >= Delta_k (full-vector norm);
+  * downlink: the server broadcasts z only if ||z - z_sent|| >= Delta_z,k (full-vector norm; the
+    authors' code compares only the last tensor, the output bias, because of a loop bug);
+  * randomized variant: when the server stays silent, a random fraction of agents still gets z;
+  * Delta_k = Delta * decay^(k-1), a decreasing threshold when decay < 1 (convergence to a
+    stationary point needs Delta_k -> 0);
+  * every agent warm-starts its x-update from z_i_hat and keeps its momentum buffer across rounds
+    (the code creates one optimizer per agent);
+  * rho_i = rho / (N p_i) with p_i = n_i / n, i.e. f_i weighted by N p_i under a common rho, which
+    makes the unweighted mean of x_hat_i + u_i the exact z-update.
+
+What travels: full vectors, not increments. The authors' code sends r_i = v_i - last_i and the
+server adds it; the bytes are the same (both dense), but under message loss a dropped increment
+leaves s_i wrong for good, whereas a dropped full vector leaves s_i merely stale until the next
+triggered send. Either way the receiver keeps its stale copy. Every T_r rounds a resynchronisation
+round opens with a broadcast of z to every agent and ends with every agent sending v_i, so all
+copies agree again (where those messages are delivered).
+
+Every agent computes in every round (``fraction = 1``); FedADMM (fedadmm.py) is this algorithm with
+random participation in place of the triggers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field, model_validator
+
+from taciturn.algorithms.base import (
+    Algorithm,
+    AlgorithmConfig,
+    Arrival,
+    ClientContext,
+    ClientOutput,
+    Consts,
+    LocalTraining,
+    Loss,
+    TrainResult,
+    loss_meta,
+)
+from taciturn.core.message import Message
+from taciturn.core.params import Params, add, clone, norm, sq_distance, strip_prefix, sub, with_prefix
+
+
+class EventADMMConfig(AlgorithmConfig):
+    name: Literal["event_admm"] = "event_admm"
+    fraction: float = Field(1.0, gt=0, le=1, description="agents that compute each round (1 = all)")
+    rho: float = Field(1.0, gt=0, description="ADMM penalty")
+    per_agent_rho: bool = Field(True, description="rho_i = rho / (N p_i); False: rho_i = rho")
+    delta: float = Field(0.0, ge=0, description="uplink trigger threshold Delta (0: always send)")
+    delta_z: float | None = Field(
+        None, ge=0, description="downlink threshold (default Delta / 100, as the code)"
+    )
+    delta_decay: float = Field(1.0, gt=0, le=1, description="Delta_k = Delta * decay^(k-1)")
+    lucky_fraction: float = Field(
+        0.0, ge=0, le=1, description="randomized variant: share of agents sent z anyway"
+    )
+    relaxation: float = Field(1.0, gt=0, lt=2, description="over-relaxation alpha")
+    reset_every: int | None = Field(None, ge=1, description="full resynchronisation every T_r rounds")
+    persistent_momentum: bool = Field(True, description="keep each agent's momentum buffer across rounds")
+
+    @model_validator(mode="after")
+    def _default_delta_z(self) -> EventADMMConfig:
+        if self.delta_z is None:
+            object.__setattr__(self, "delta_z", self.delta / 100)
+        return self
+
+    def threshold(self, base: float, round: int) -> float:
+        return base * self.delta_decay ** (round - 1)
+
+    def is_reset(self, round: int) -> bool:
+        return self.reset_every is not None and round % self.reset_every == 0
+
+
+@dataclass
+class EventADMMState:
+    z: Params
+    copies: Params  # s_i stacked over agents: name -> tensor of shape (N, *param shape)
+    z_sent: Params  # the last z broadcast to everyone
+    broadcast: bool  # the downlink trigger fired at the end of the last round
+
+
+class EventADMM(Algorithm):
+    name = "event_admm"
+    Config = EventADMMConfig
+    config: EventADMMConfig
+
+    # ----- server -----
+    def init_server(self, params: Params, num_clients: int) -> EventADMMState:
+        copies = {k: v.unsqueeze(0).repeat(num_clients, *([1] * v.dim())) for k, v in params.items()}
+        return EventADMMState(clone(params), copies, clone(params), broadcast=True)  # round 1 syncs z^0
+
+    def downlink(
+        self, state: EventADMMState, round: int, clients: Sequence[int], rng: np.random.Generator
+    ) -> dict[int, Message | None]:
+        if state.broadcast or self.config.is_reset(round):
+            recipients = list(clients)
+        else:  # the randomized variant: a few lucky agents hear the current z anyway
+            lucky = math.floor(self.config.lucky_fraction * len(clients) + 1e-9)  # floor(C N), as the code
+            recipients = [int(c) for c in rng.choice(clients, size=lucky, replace=False)] if lucky else []
+        z = Message.from_tensors(state.z)
+        return dict.fromkeys(recipients, z)
+
+    def uplink_spec(self, state: EventADMMState) -> dict[str, tuple[int, ...]]:
+        return {n: tuple(p.shape) for n, p in state.z.items()}
+
+    def aggregate(self, state: EventADMMState, round: int, arrivals: Sequence[Arrival]) -> EventADMMState:
+        copies = state.copies
+        for arrival in arrivals:  # full vectors replace the server's copy of x_hat_i + u_i
+            for name, v in arrival.message.tensors().items():
+                copies[name][arrival.client] = v
+        z = {name: s.mean(dim=0) for name, s in copies.items()}
+        fire = norm(sub(z, state.z_sent)) >= self.config.threshold(self.config.delta_z, round)
+        if fire:  # broadcast z at the start of the next round
+            z_sent = clone(z)
+        elif self.config.is_reset(round):  # this round opened with a broadcast of state.z to everyone
+            z_sent = state.z
+        else:
+            z_sent = state.z_sent
+        return EventADMMState(z, copies, z_sent, broadcast=fire)
+
+    def global_params(self, state: EventADMMState) -> Params:
+        return state.z
+
+    # ----- client -----
+    def client_begin(self, ctx: ClientContext) -> LocalTraining | ClientOutput:
+        state = ctx.state or {}
+        if ctx.received is not None:
+            z_hat = ctx.received.tensors()
+        elif state:
+            z_hat = strip_prefix("z_hat", state)
+        else:  # never heard z: nothing to start from
+            return ClientOutput(uplink=None)
+        u = strip_prefix("u", state)
+        if u:  # u_i <- u_i + x_hat_i - z_hat (dual ascent with the newest z held)
+            u = add(u, sub(strip_prefix("x_hat", state), z_hat))
+        else:
+            u = {k: torch.zeros_like(v) for k, v in z_hat.items()}
+        momentum = strip_prefix("momentum", state) if self.config.persistent_momentum else None
+        return self.x_update(ctx, z_hat, u, momentum or None)
+
+    def rho_i(self, ctx: ClientContext) -> float:
+        if not self.config.per_agent_rho:
+            return self.config.rho
+        mean_size = ctx.data.num_samples / ctx.data.num_clients
+        return self.config.rho * mean_size / ctx.num_samples  # rho / (N p_i)
+
+    def x_update(
+        self, ctx: ClientContext, z_hat: Params, u: Params, momentum: Params | None
+    ) -> LocalTraining | ClientOutput:
+        """Inexact x-update by local SGD warm-started at z_hat; override for an exact solve."""
+        return LocalTraining(
+            params=z_hat,
+            consts={"anchor": sub(z_hat, u), "z_hat": z_hat, "u": u, "rho": self.rho_i(ctx)},
+            momentum=momentum,
+        )
+
+    def objective(self, loss: Loss, params: Params, batch: Any, consts: Consts) -> torch.Tensor:
+        # f_i(x) + (rho_i / 2) ||x - z_hat + u_i||^2
+        return loss(params, batch) + 0.5 * consts["rho"] * sq_distance(params, consts["anchor"])
+
+    def client_end(self, ctx: ClientContext, work: LocalTraining, result: TrainResult) -> ClientOutput:
+        return self.finish(
+            ctx, work.consts["z_hat"], work.consts["u"], result.params, result.momentum, loss_meta(result)
+        )
+
+    def finish(
+        self,
+        ctx: ClientContext,
+        z_hat: Params,
+        u: Params,
+        x: Params,
+        momentum: Params | None,
+        meta: dict[str, Any],
+    ) -> ClientOutput:
+        """Relax, apply the uplink trigger and write the agent's state."""
+        alpha = self.config.relaxation
+        x_hat = x if alpha == 1.0 else add({k: alpha * v for k, v in x.items()}, z_hat, 1.0 - alpha)
+        v = add(x_hat, u)
+        # last_i starts as the z the agent first received, which is what the server's copy holds.
+        last = strip_prefix("last", ctx.state or {}) or z_hat
+        threshold = self.config.threshold(self.config.delta, ctx.round)
+        send = self.config.is_reset(ctx.round) or norm(sub(v, last)) >= threshold
+        state = {
+            **with_prefix("x_hat", x_hat),
+            **with_prefix("u", u),
+            **with_prefix("z_hat", z_hat),
+            **with_prefix("last", v if send else last),
+        }
+        if momentum is not None and self.config.persistent_momentum:
+            state.update(with_prefix("momentum", momentum))
+        return ClientOutput(Message.from_tensors(v, **meta) if send else None, state)

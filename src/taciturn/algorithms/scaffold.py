@@ -1,0 +1,169 @@
+"""SCAFFOLD: Karimireddy, Kale, Mohri, Reddi, Stich, Suresh, "SCAFFOLD: Stochastic Controlled
+Averaging for Federated Learning", ICML 2020, Algorithm 1.
+
+Server state (x, c); client state c_i (0 at first). Each sampled client receives (x, c), runs
+    y <- y - eta_l (g_i(y) - c_i + c)                         (Alg. 1, line 10)
+and updates its control variate (line 12) by
+    option I:  c_i+ = grad f_i(x)            (a full pass over its data at x)
+    option II: c_i+ = c_i - c + (x - y) / (K eta_l).
+It sends (dy, dc) = (y - x, c_i+ - c_i); the server sets x <- x + eta_g mean(dy) and
+c <- c + sum_{i in S} p_i dc_i (line 17 with p_i = 1/N), which keeps c = sum_i p_i c_i exactly.
+
+Option II's formula assumes plain SGD steps: with plain SGD, (x - y)/(K eta_l) is exactly the mean
+corrected gradient, so c_i+ equals the mean of the raw gradients g_i(y_k) taken along the path.
+With momentum beta the same formula overestimates that mean about 1/(1 - beta)-fold and SCAFFOLD
+diverges (research/event_admm.md, Sec. 6). We therefore compute option II as the mean gradient
+actually taken, which is the paper's quantity for plain SGD and stays right with momentum.
+Traps avoided, seen in public code: pfl-research 0.6 adds c - c_i with control variates stored as
+negative gradients (wrong sign) and keeps one shared option-I tensor for all clients; the
+event-ADMM authors' code scales by eta_l/K instead of 1/(K eta_l).
+
+The correction enters the local objective as the linear term <y, c - c_i>, whose gradient is
+exactly c - c_i, so SCAFFOLD keeps the shared objective shape (and vmaps like the others).
+Messages carry two vectors each way, and the ledger counts both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from taciturn.algorithms.base import (
+    Algorithm,
+    AlgorithmConfig,
+    Arrival,
+    ClientContext,
+    ClientOutput,
+    Consts,
+    LocalTraining,
+    Loss,
+    TrainResult,
+    loss_meta,
+    positive_count,
+)
+from taciturn.core.message import Message
+from taciturn.core.params import (
+    Params,
+    add,
+    clone,
+    dot,
+    strip_prefix,
+    sub,
+    weighted_sum,
+    with_prefix,
+    zeros_like,
+)
+
+FULL_GRADIENT_BATCH = 1000
+
+
+class ScaffoldConfig(AlgorithmConfig):
+    name: Literal["scaffold"] = "scaffold"
+    option: Literal["I", "II"] = Field("II", description="control-variate update (Alg. 1, line 12)")
+    server_lr: float = Field(1.0, gt=0, description="eta_g")
+    weighting: Literal["uniform", "samples"] = Field(
+        "samples",
+        description="p_i = 1/N (the paper) or n_i/n (FedAvg's sample weights) for both x and c",
+    )
+
+
+@dataclass
+class ScaffoldState:
+    params: Params  # x
+    control: Params  # c = sum_i p_i c_i
+
+
+class Scaffold(Algorithm):
+    name = "scaffold"
+    Config = ScaffoldConfig
+    config: ScaffoldConfig
+
+    def init_server(self, params: Params, num_clients: int) -> ScaffoldState:
+        return ScaffoldState(clone(params), zeros_like(params))
+
+    def downlink(
+        self, state: ScaffoldState, round: int, clients: Sequence[int], rng: np.random.Generator
+    ) -> dict[int, Message]:
+        both = Message.from_tensors({**with_prefix("x", state.params), **with_prefix("c", state.control)})
+        return dict.fromkeys(clients, both)
+
+    def uplink_spec(self, state: ScaffoldState) -> dict[str, tuple[int, ...]]:
+        shapes = {n: tuple(p.shape) for n, p in state.params.items()}
+        return {**with_prefix("dy", shapes), **with_prefix("dc", shapes)}
+
+    def check_uplink_meta(self, message: Message) -> str | None:
+        weight = message.meta.get("weight")
+        if not isinstance(weight, float) or not 0.0 < weight <= 1.0:
+            return f"metadata 'weight' must be a float in (0, 1], got {weight!r}"
+        return positive_count(message, "num_samples")
+
+    # ----- client -----
+    def client_begin(self, ctx: ClientContext) -> LocalTraining | ClientOutput:
+        if ctx.received is None:
+            return ClientOutput(uplink=None)
+        x, c = ctx.received.tensors("x/"), ctx.received.tensors("c/")
+        c_i = strip_prefix("c", ctx.state) if ctx.state else zeros_like(x)
+        return LocalTraining(
+            params=x,
+            consts={"correction": sub(c, c_i), "c": c, "c_i": c_i},
+            track_gradient=self.config.option == "II",
+        )
+
+    def objective(self, loss: Loss, params: Params, batch: Any, consts: Consts) -> torch.Tensor:
+        # d/dy <y, c - c_i> = c - c_i: the corrected step of Alg. 1, line 10.
+        return loss(params, batch) + dot(params, consts["correction"])
+
+    def client_end(self, ctx: ClientContext, work: LocalTraining, result: TrainResult) -> ClientOutput:
+        x, c_i = work.params, work.consts["c_i"]
+        if self.config.option == "I":
+            c_new = full_gradient(ctx, x)
+        else:  # mean raw gradient = mean objective gradient minus the constant correction
+            assert result.mean_gradient is not None
+            c_new = sub(result.mean_gradient, work.consts["correction"])
+        uplink = Message.from_tensors(
+            {**with_prefix("dy", sub(result.params, x)), **with_prefix("dc", sub(c_new, c_i))},
+            num_samples=ctx.num_samples,
+            weight=self._weight(ctx),
+            **loss_meta(result),
+        )
+        return ClientOutput(uplink, state=with_prefix("c", c_new))
+
+    def _weight(self, ctx: ClientContext) -> float:
+        if self.config.weighting == "uniform":
+            return 1.0 / ctx.data.num_clients
+        return ctx.num_samples / ctx.data.num_samples
+
+    # ----- server -----
+    def aggregate(self, state: ScaffoldState, round: int, arrivals: Sequence[Arrival]) -> ScaffoldState:
+        if not arrivals:
+            return state
+        weights = [a.message.meta["weight"] for a in arrivals]
+        total = sum(weights)
+        dx = weighted_sum(
+            (w / total, a.message.tensors("dy/")) for w, a in zip(weights, arrivals, strict=True)
+        )
+        dc = weighted_sum((w, a.message.tensors("dc/")) for w, a in zip(weights, arrivals, strict=True))
+        return ScaffoldState(add(state.params, dx, self.config.server_lr), add(state.control, dc))
+
+    def global_params(self, state: ScaffoldState) -> Params:
+        return state.params
+
+
+@torch.no_grad()
+def full_gradient(ctx: ClientContext, params: Params) -> Params:
+    """grad f_i(params): the mean loss gradient over all of the client's data (option I)."""
+    indices = ctx.data.client_indices(ctx.client)
+    total = zeros_like(params)
+    for start in range(0, len(indices), FULL_GRADIENT_BATCH):
+        part = indices[start : start + FULL_GRADIENT_BATCH]
+        with torch.enable_grad():
+            live = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+            grads = torch.autograd.grad(ctx.loss(live, ctx.data.batch(part)), list(live.values()))
+        for (name, _), g in zip(live.items(), grads, strict=True):
+            total[name].add_(g, alpha=len(part) / len(indices))
+    return total

@@ -1,0 +1,151 @@
+"""FedProx, SCAFFOLD and FedADMM on problems whose answers are known."""
+
+import numpy as np
+import pytest
+import torch
+
+from taciturn.algorithms.base import Arrival
+from taciturn.algorithms.fedadmm import FedADMM, FedADMMConfig
+from taciturn.algorithms.fedavg import FedAvg, FedAvgConfig
+from taciturn.algorithms.fedprox import FedProx, FedProxConfig
+from taciturn.algorithms.scaffold import Scaffold, ScaffoldConfig
+from taciturn.core import Message
+from tests.conftest import tiny_config
+from tests.quadratic import ExactXUpdate, federation, least_squares_data, optimum, run, start
+
+FULL_BATCH = {"steps": 10, "batch_size": 10_000, "lr": 0.02}
+
+
+def test_fedprox_with_mu_zero_is_fedavg_bit_for_bit(tmp_path):
+    from taciturn.core.rng import SERVER
+    from taciturn.experiments.runner import prepare
+
+    results = []
+    for algorithm in ({"name": "fedavg"}, {"name": "fedprox", "mu": 0.0}):
+        exp = prepare(
+            tiny_config(algorithm={**algorithm, "fraction": 0.5, "local": {"momentum": 0.9}}), tmp_path
+        )
+        state = exp.algorithm.init_server(exp.task.init_params(exp.streams.torch(0, SERVER, "init")), 8)
+        for r in (1, 2, 3):
+            state, _ = exp.federation.run_round(state, r)
+        results.append(state.params)
+    assert all(torch.equal(results[0][k], results[1][k]) for k in results[0])
+
+
+def test_fedprox_objective_is_loss_plus_proximal_term():
+    algorithm = FedProx(FedProxConfig(mu=0.5))
+    params = {"w": torch.tensor([1.0, 2.0])}
+    anchor = {"w": torch.tensor([0.0, 4.0])}
+    value = algorithm.objective(lambda p, b: torch.tensor(3.0), params, None, {"anchor": anchor})
+    assert float(value) == pytest.approx(3.0 + 0.25 * (1 + 4))
+
+
+def test_fedavg_drifts_under_heterogeneity_and_scaffold_does_not():
+    data = least_squares_data()
+    target = optimum(data)
+    fedavg = FedAvg(FedAvgConfig(fraction=1.0, local=FULL_BATCH))
+    drifted = run(federation(fedavg, data), start(fedavg, data), 100).params["w"]
+    assert torch.linalg.norm(drifted - target) > 0.1  # FedAvg's fixed point is not the optimum
+
+    # Plain-SGD SCAFFOLD (both options) and SCAFFOLD with momentum all reach the optimum.
+    for option, momentum in (("II", 0.0), ("I", 0.0), ("II", 0.5)):
+        scaffold = Scaffold(
+            ScaffoldConfig(fraction=1.0, option=option, local={**FULL_BATCH, "momentum": momentum})
+        )
+        reached = run(federation(scaffold, data), start(scaffold, data), 100).params["w"]
+        torch.testing.assert_close(
+            reached, target, rtol=0, atol=1e-5, msg=f"option {option}, momentum {momentum}"
+        )
+
+
+def test_scaffold_uniform_weighting_targets_the_uniform_objective():
+    data = least_squares_data()
+    scaffold = Scaffold(ScaffoldConfig(fraction=1.0, local=FULL_BATCH, weighting="uniform"))
+    reached = run(federation(scaffold, data), start(scaffold, data), 100).params["w"]
+    torch.testing.assert_close(reached, optimum(data, uniform=True), rtol=0, atol=1e-6)
+
+
+def test_scaffold_with_partial_participation_keeps_c_the_mean_of_client_variates():
+    data = least_squares_data()
+    scaffold = Scaffold(ScaffoldConfig(fraction=0.4, local={**FULL_BATCH, "momentum": 0.3}))
+    fed = federation(scaffold, data)
+    state = run(fed, start(scaffold, data), 40)
+    weights = [data.client_size(c) / data.num_samples for c in range(5)]
+    mean_ci = sum(w * fed.store.get(c)["c/w"] for c, w in enumerate(weights) if fed.store.get(c) is not None)
+    torch.testing.assert_close(state.control["w"], mean_ci, rtol=0, atol=1e-10)
+
+
+def test_scaffold_option_two_equals_the_paper_formula_for_plain_sgd():
+    """With plain SGD, the mean gradient taken is c_i - c + (x - y) / (K lr) exactly."""
+    data = least_squares_data()
+    scaffold = Scaffold(ScaffoldConfig(fraction=1.0, local=FULL_BATCH))
+    fed = federation(scaffold, data)
+    state = run(fed, start(scaffold, data), 3)  # non-zero c and c_i by now
+    before = {c: fed.store.get(c)["c/w"].clone() for c in range(5)}
+    x, c = state.params["w"].clone(), state.control["w"].clone()
+    captured = {}
+    original = scaffold.aggregate
+
+    def capture(state, round, arrivals):
+        captured.update({a.client: a.message.tensors() for a in arrivals})
+        return original(state, round, arrivals)
+
+    scaffold.aggregate = capture
+    fed.run_round(state, 4)
+    for client, msg in captured.items():
+        y = x + msg["dy/w"]
+        paper = before[client] - c + (x - y) / (10 * FULL_BATCH["lr"])
+        torch.testing.assert_close(before[client] + msg["dc/w"], paper, rtol=1e-9, atol=1e-9)
+
+
+def test_scaffold_messages_carry_two_vectors_each_way():
+    data = least_squares_data()
+    scaffold = Scaffold(ScaffoldConfig(fraction=1.0, local=FULL_BATCH))
+    avg = FedAvg(FedAvgConfig(fraction=1.0, local=FULL_BATCH))
+    ledgers = []
+    for algorithm in (scaffold, avg):
+        fed = federation(algorithm, data)
+        run(fed, start(algorithm, data), 1)
+        ledgers.append(fed.channel.ledger)
+    from taciturn.core import Direction
+
+    for d in Direction:
+        s, a = ledgers[0].totals(d), ledgers[1].totals(d)
+        assert s.messages_sent == a.messages_sent == 5
+        assert s.bytes_sent > 1.9 * a.bytes_sent - 5 * 200  # two 3-vectors of float64 vs one (+ headers)
+
+
+def test_fedadmm_server_averages_over_all_clients_with_stale_copies():
+    algorithm = FedADMM(FedADMMConfig(fraction=0.5))
+    z0 = {"w": torch.tensor([1.0, 1.0])}
+    state = algorithm.init_server(z0, 4)
+
+    def vec(values):
+        return Message({"w": np.array(values, np.float32)})
+
+    state = algorithm.aggregate(state, 1, [Arrival(1, vec([5.0, 1.0])), Arrival(3, vec([1.0, 9.0]))])
+    torch.testing.assert_close(state.z["w"], torch.tensor([(1 + 5 + 1 + 1) / 4, (1 + 1 + 1 + 9) / 4]))
+    state = algorithm.aggregate(state, 2, [Arrival(1, vec([1.0, 1.0]))])  # client 3's copy stays
+    torch.testing.assert_close(state.z["w"], torch.tensor([1.0, 3.0]))
+
+
+class ExactFedADMM(ExactXUpdate, FedADMM):
+    pass
+
+
+def test_fedadmm_converges_to_the_consensus_optimum_on_least_squares():
+    """One rho for every agent: ADMM solves min sum_i f_i, the uniform objective."""
+    data = least_squares_data()
+    algorithm = ExactFedADMM(FedADMMConfig(fraction=1.0, rho=2.0))
+    reached = run(federation(algorithm, data), start(algorithm, data), 200).z["w"]
+    torch.testing.assert_close(reached, optimum(data, uniform=True), rtol=0, atol=1e-8)
+
+
+def test_fedadmm_with_sgd_x_updates_approaches_the_optimum():
+    data = least_squares_data()
+    algorithm = FedADMM(FedADMMConfig(fraction=1.0, rho=2.0, local={**FULL_BATCH, "steps": 50, "lr": 0.05}))
+    fed = federation(algorithm, data)
+    early = run(fed, start(algorithm, data), 10)
+    late = run(fed, early, 30, first=11)
+    target = optimum(data, uniform=True)
+    assert torch.linalg.norm(late.z["w"] - target) < 0.2 * torch.linalg.norm(early.z["w"] - target)
