@@ -31,8 +31,8 @@ class Interrupt(Exception):
 
 
 def stop_after(round_to_stop):
-    def callback(round, row):
-        if round == round_to_stop:
+    def callback(end):
+        if end.round == round_to_stop:
             raise Interrupt
 
     return callback

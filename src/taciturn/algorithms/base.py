@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -112,6 +112,7 @@ class TrainResult:
 class ClientOutput:
     uplink: Message | None  # None: the client stays silent
     state: ClientState | None = None  # None: leave its stored state unchanged
+    info: Mapping[str, float] = field(default_factory=dict)  # simulation telemetry, never on the wire
 
 
 @dataclass(frozen=True)

@@ -195,7 +195,8 @@ class EventADMM(Algorithm):
         # last_i starts as the z the agent first received, which is what the server's copy holds.
         last = strip_prefix("last", ctx.state or {}) or z_hat
         threshold = self.config.threshold(self.config.delta, ctx.round)
-        send = self.config.is_reset(ctx.round) or norm(sub(v, last)) >= threshold
+        distance = norm(sub(v, last))
+        send = self.config.is_reset(ctx.round) or distance >= threshold
         state = {
             **with_prefix("x_hat", x_hat),
             **with_prefix("u", u),
@@ -204,4 +205,6 @@ class EventADMM(Algorithm):
         }
         if momentum is not None and self.config.persistent_momentum:
             state.update(with_prefix("momentum", momentum))
-        return ClientOutput(Message.from_tensors(v, **meta) if send else None, state)
+        return ClientOutput(
+            Message.from_tensors(v, **meta) if send else None, state, {"trigger_norm": distance}
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,19 @@ class ArrayDataset:
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x_train.shape[1:])
+
+
+def train_subset(dataset: ArrayDataset, size: int, rng: np.random.Generator) -> ArrayDataset:
+    """The same dataset with a random subset of ``size`` training samples (test set unchanged)."""
+    if size > len(dataset.y_train):
+        raise ValueError(f"train_subset={size} exceeds the {len(dataset.y_train)} training samples")
+    keep = torch.from_numpy(np.sort(rng.choice(len(dataset.y_train), size=size, replace=False)))
+    return dataclasses.replace(
+        dataset,
+        x_train=dataset.x_train[keep],
+        y_train=dataset.y_train[keep],
+        source=f"{dataset.source} (random {size} of {len(dataset.y_train)} training samples)",
+    )
 
 
 def load_dataset(name: str, rng: np.random.Generator, path: Path | None = None, **options) -> ArrayDataset:

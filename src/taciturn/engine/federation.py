@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ class RoundReport:
     rejected: list[tuple[int, str]] = field(default_factory=list)
     failed: list[tuple[int, str]] = field(default_factory=list)
     train_loss: float | None = None  # mean local loss over accepted uplinks that report one
+    client_info: dict[int, Mapping[str, float]] = field(default_factory=dict)  # ClientOutput.info
 
 
 class Federation:
@@ -90,6 +92,8 @@ class Federation:
                 report.failed.append((ctx.client, str(output)))
                 continue
             assert isinstance(output, ClientOutput)
+            if output.info:
+                report.client_info[ctx.client] = output.info
             if output.state is not None:
                 self.store.put(ctx.client, output.state)
             if output.uplink is None:

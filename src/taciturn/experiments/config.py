@@ -27,10 +27,12 @@ class ConfigError(ValueError):
 class FashionMnistData(StrictModel):
     dataset: Literal["fashion_mnist"] = "fashion_mnist"
     path: Path | None = Field(None, description="folder with the four IDX .gz files (optional)")
+    train_subset: int | None = Field(None, ge=10, description="train on a seeded random subset of this size")
 
 
 class DigitsData(StrictModel):
     dataset: Literal["digits"]
+    train_subset: int | None = Field(None, ge=10, description="train on a seeded random subset of this size")
 
 
 class SyntheticData(StrictModel):

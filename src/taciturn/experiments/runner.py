@@ -20,7 +20,7 @@ from taciturn.core.channel import Channel
 from taciturn.core.ledger import Direction, Ledger
 from taciturn.core.rng import SERVER, Streams
 from taciturn.core.state_store import MemoryStateStore
-from taciturn.data.datasets import load_dataset
+from taciturn.data.datasets import load_dataset, train_subset
 from taciturn.data.federated import FederatedData
 from taciturn.data.partition import partition
 from taciturn.engine.executor import SequentialExecutor
@@ -35,7 +35,19 @@ from taciturn.tasks.models import build_model
 
 log = logging.getLogger("taciturn")
 
-RoundCallback = Callable[[int, dict[str, Any] | None], None]
+
+@dataclass(frozen=True)
+class RoundEnd:
+    """What a callback sees after each round."""
+
+    round: int
+    row: dict[str, Any] | None  # the metrics row, or None if this round was not evaluated
+    report: RoundReport
+    state: Any  # the server state after aggregation
+    algorithm: Algorithm
+
+
+RoundCallback = Callable[[RoundEnd], None]
 
 
 class RunFailed(RuntimeError):
@@ -57,10 +69,15 @@ class Experiment:
 
 def prepare(config: RunConfig, out: Path, ledger: Ledger | None = None) -> Experiment:
     streams = Streams(config.seed)
-    options = config.data.model_dump(exclude={"dataset", "path"})
+    options = config.data.model_dump(exclude={"dataset", "path", "train_subset"})
     dataset = load_dataset(
         config.data.dataset, streams.numpy(0, SERVER, "data"), getattr(config.data, "path", None), **options
     )
+    if (size := getattr(config.data, "train_subset", None)) is not None:
+        try:
+            dataset = train_subset(dataset, size, streams.numpy(0, SERVER, "train-subset"))
+        except ValueError as error:
+            raise ConfigError(f"[data.train_subset] {error}") from None
     part_options = config.partition.model_dump(exclude={"kind", "num_clients"})
     parts = partition(
         dataset.y_train.numpy(),
@@ -235,7 +252,7 @@ def _loop(
                     rundir.prune_checkpoints(config.checkpoint.keep)
                 bar.update(round, row, exp.ledger)
                 for callback in callbacks:
-                    callback(round, row)
+                    callback(RoundEnd(round, row, report, state, exp.algorithm))
     finally:
         log.removeHandler(handler)
         handler.close()
