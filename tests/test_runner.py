@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from taciturn.cli import main
 from taciturn.experiments.config import ConfigError, load_config
@@ -158,7 +159,7 @@ def test_cli_set_overrides_and_refuses_to_clobber(tmp_path):
     assert RunDir(out).read_metrics()[-1]["messages_up"] == 10
     assert main(["run", str(path), "--out", str(out), "--quiet"]) == 2  # exists: resume or --overwrite
     assert main(["compare", str(out), str(out), "--out", str(tmp_path / "cmp")]) == 0
-    assert (tmp_path / "cmp" / "compare.html").exists()
+    assert (tmp_path / "cmp" / "report.html").exists()
 
 
 def test_cli_entry_point_runs(tmp_path):
@@ -168,3 +169,24 @@ def test_cli_entry_point_runs(tmp_path):
         text=True,
     )
     assert done.returncode == 2 and "does not exist" in done.stderr
+
+
+def test_embedded_demo_configs_are_valid():
+    from taciturn.cli import DEMO_CONFIGS, _demo_config
+    from taciturn.experiments import types
+
+    names = [types.load(_demo_config(name)).algorithm.name for name in DEMO_CONFIGS]
+    assert names == ["fedavg", "event_admm"]
+
+
+def test_train_subset_is_seeded_and_checked(tmp_path):
+    from taciturn.experiments.runner import prepare
+
+    config = tiny_config(
+        data={"dataset": "digits", "train_subset": 300}, partition={"kind": "iid", "num_clients": 4}
+    )
+    a, b = prepare(config, tmp_path), prepare(config, tmp_path)
+    assert a.data.num_samples == 300
+    assert torch.equal(a.data.dataset.x_train, b.data.dataset.x_train)
+    with pytest.raises(ConfigError, match="train_subset"):
+        prepare(tiny_config(data={"dataset": "digits", "train_subset": 5000}), tmp_path)

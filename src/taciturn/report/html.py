@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -149,10 +150,25 @@ def write_comparison(rundirs: list[RunDir], out: Path) -> Path:
         for label, r in zip(labels, rundirs, strict=True)
     )
     (out / "summary.json").write_text(json.dumps({label: summary(rows) for label, rows in series}, indent=1))
+    links = " · ".join(
+        f"<a href='{html.escape(os.path.relpath(r.report, out))}'>{html.escape(label)}</a>"
+        for label, r in zip(labels, rundirs, strict=True)
+        if r.report.exists()
+    )
     return page(
-        out / "compare.html",
+        out / "report.html",
         "taciturn comparison",
-        ["<h1>taciturn comparison</h1>", overview, image(acc), image(comm), "<h2>Configs</h2>", configs],
+        [
+            "<h1>taciturn comparison</h1>",
+            f"<p>Each run's own report: {links}</p>" if links else "",
+            overview,
+            "<h2>Accuracy against communication</h2>",
+            image(comm),
+            "<h2>Accuracy against rounds</h2>",
+            image(acc),
+            "<h2>Configs</h2>",
+            configs,
+        ],
     )
 
 
