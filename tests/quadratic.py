@@ -9,7 +9,7 @@ from taciturn.algorithms.base import Algorithm
 from taciturn.core import Channel, Ledger, MemoryStateStore, Streams
 from taciturn.data.datasets import ArrayDataset
 from taciturn.data.federated import FederatedData
-from taciturn.engine import Federation, SequentialExecutor
+from taciturn.engine import ClientPipeline, Federation, SequentialExecutor
 
 
 def least_squares_data(num_clients=5, dim=3, sizes=(20, 40, 30, 60, 25), seed=0) -> FederatedData:
@@ -51,9 +51,8 @@ def optimum(data: FederatedData, uniform: bool = False) -> torch.Tensor:
 def federation(algorithm: Algorithm, data: FederatedData, seed=0, drop_up=0.0, drop_down=0.0) -> Federation:
     streams = Streams(seed)
     channel = Channel(Ledger(), streams, drop_up, drop_down)
-    return Federation(
-        algorithm, SequentialExecutor(algorithm), channel, MemoryStateStore(), streams, data, loss
-    )
+    pipeline = ClientPipeline(algorithm, channel, MemoryStateStore(), streams, data, loss)
+    return Federation(algorithm, SequentialExecutor(pipeline), streams, data)
 
 
 def start(algorithm: Algorithm, data: FederatedData):

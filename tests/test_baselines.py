@@ -71,7 +71,11 @@ def test_scaffold_with_partial_participation_keeps_c_the_mean_of_client_variates
     fed = federation(scaffold, data)
     state = run(fed, start(scaffold, data), 40)
     weights = [data.client_size(c) / data.num_samples for c in range(5)]
-    mean_ci = sum(w * fed.store.get(c)["c/w"] for c, w in enumerate(weights) if fed.store.get(c) is not None)
+    mean_ci = sum(
+        w * fed.executor.pipeline.store.get(c)["c/w"]
+        for c, w in enumerate(weights)
+        if fed.executor.pipeline.store.get(c) is not None
+    )
     torch.testing.assert_close(state.control["w"], mean_ci, rtol=0, atol=1e-10)
 
 
@@ -81,16 +85,16 @@ def test_scaffold_option_two_equals_the_paper_formula_for_plain_sgd():
     scaffold = Scaffold(ScaffoldConfig(fraction=1.0, local=FULL_BATCH))
     fed = federation(scaffold, data)
     state = run(fed, start(scaffold, data), 3)  # non-zero c and c_i by now
-    before = {c: fed.store.get(c)["c/w"].clone() for c in range(5)}
+    before = {c: fed.executor.pipeline.store.get(c)["c/w"].clone() for c in range(5)}
     x, c = state.params["w"].clone(), state.control["w"].clone()
     captured = {}
-    original = scaffold.aggregate
+    original = scaffold.accumulate
 
-    def capture(state, round, arrivals):
+    def capture(arrivals):
         captured.update({a.client: a.message.tensors() for a in arrivals})
-        return original(state, round, arrivals)
+        return original(arrivals)
 
-    scaffold.aggregate = capture
+    scaffold.accumulate = capture
     fed.run_round(state, 4)
     for client, msg in captured.items():
         y = x + msg["dy/w"]
@@ -106,7 +110,7 @@ def test_scaffold_messages_carry_two_vectors_each_way():
     for algorithm in (scaffold, avg):
         fed = federation(algorithm, data)
         run(fed, start(algorithm, data), 1)
-        ledgers.append(fed.channel.ledger)
+        ledgers.append(fed.executor.pipeline.channel.ledger)
     from taciturn.core import Direction
 
     for d in Direction:

@@ -39,7 +39,7 @@ def test_positive_delta_stops_within_a_floor_that_grows_with_delta():
     for delta in (1e-3, 1e-2, 1e-1):
         err, fed = error_after(200, rho=2.0, delta=delta, delta_z=delta / 100)
         errors.append(err)
-        loads.append(fed.channel.ledger.totals(Direction.UP).messages_sent)
+        loads.append(fed.executor.pipeline.channel.ledger.totals(Direction.UP).messages_sent)
     exact, _ = error_after(200, rho=2.0)
     assert exact < errors[0] < errors[1] < errors[2]
     assert errors[2] < 10 * 0.1  # O(Delta), with a modest constant here
@@ -82,7 +82,7 @@ def test_downlink_trigger_fires_exactly_at_the_threshold():
 
 def test_silence_costs_zero_bytes():
     _, fed = error_after(3, rho=2.0, delta=1e6, delta_z=1e6)
-    ledger = fed.channel.ledger
+    ledger = fed.executor.pipeline.channel.ledger
     assert ledger.totals(Direction.UP).bytes_sent == 0
     # Round 1 syncs z^0 to every agent; after that the server has nothing new to say either.
     assert ledger.totals(Direction.DOWN).messages_sent == 5
@@ -132,7 +132,7 @@ def test_everything_dropped_and_no_reset_changes_nothing():
     z0 = state.z["w"].clone()
     state = run(fed, state, 5)
     assert torch.equal(state.z["w"], z0)
-    assert fed.channel.ledger.totals(Direction.UP).messages_delivered == 0
+    assert fed.executor.pipeline.channel.ledger.totals(Direction.UP).messages_delivered == 0
 
 
 def test_a_reset_makes_all_copies_agree_again():
@@ -141,7 +141,7 @@ def test_a_reset_makes_all_copies_agree_again():
     fed = federation(algorithm, data, drop_up=0.5, drop_down=0.5)
 
     def copies_agree(state, z_broadcast):
-        held = [fed.store.get(c) for c in range(5)]
+        held = [fed.executor.pipeline.store.get(c) for c in range(5)]
         return all(
             h is not None
             and torch.equal(state.copies["w"][c], h["last/w"])  # the server's copy of x_hat + u
@@ -152,8 +152,8 @@ def test_a_reset_makes_all_copies_agree_again():
     state = run(fed, start(algorithm, data), 4)
     z_before = {"w": state.z["w"].clone()}
     assert not copies_agree(state, state.z)  # drops and triggers left stale copies behind
-    fed.channel.drop = {Direction.UP: 0.0, Direction.DOWN: 0.0}
+    fed.executor.pipeline.channel.drop = {Direction.UP: 0.0, Direction.DOWN: 0.0}
     state = run(fed, state, 1, first=5)  # the reset round: z to everyone, every full vector back
     assert copies_agree(state, z_before)
-    assert fed.channel.ledger.round_totals(5, Direction.UP).messages_sent == 5
-    assert fed.channel.ledger.round_totals(5, Direction.DOWN).messages_sent == 5
+    assert fed.executor.pipeline.channel.ledger.round_totals(5, Direction.UP).messages_sent == 5
+    assert fed.executor.pipeline.channel.ledger.round_totals(5, Direction.DOWN).messages_sent == 5

@@ -45,11 +45,13 @@ def test_sample_weighted_average_matches_hand_computation():
         return Message({"w": np.array(dw, np.float32), "b": np.array([db], np.float32)}, {"num_samples": n})
 
     arrivals = [Arrival(4, update([1.0, 2.0], 2.0, 1)), Arrival(9, update([4.0, -1.0], -2.0, 3))]
-    new = algorithm.aggregate(state, 1, arrivals)
+    new = algorithm.aggregate(state, 1, algorithm.accumulate(arrivals))
     # mean delta = (1*[1,2] + 3*[4,-1]) / 4 = [3.25, -0.25]; b: (2 - 6) / 4 = -1; server step 0.5
     torch.testing.assert_close(new.params["w"], torch.tensor([1.0 + 0.5 * 3.25, 1.0 - 0.5 * 0.25]))
     torch.testing.assert_close(new.params["b"], torch.tensor([-0.5]))
-    assert algorithm.aggregate(state, 1, []) is state
+    assert algorithm.aggregate(state, 1, algorithm.accumulate([])) is state
+    halves = algorithm.combine([algorithm.accumulate(arrivals[:1]), algorithm.accumulate(arrivals[1:])])
+    torch.testing.assert_close(algorithm.aggregate(state, 1, halves).params["w"], new.params["w"])
 
 
 @pytest.mark.parametrize("direction", ["drop_up", "drop_down"])
@@ -90,15 +92,15 @@ class Faulty(FedAvg):
         out.uplink = Message(arrays, meta)
         return out
 
-    def aggregate(self, state, round, arrivals):
+    def accumulate(self, arrivals):
         self.seen = [a.client for a in arrivals]
-        return super().aggregate(state, round, arrivals)
+        return super().accumulate(arrivals)
 
 
 def test_malformed_or_nonfinite_updates_are_rejected_and_logged(tmp_path, caplog):
     exp, state = setup(tmp_path, algorithm={"name": "fedavg", "fraction": 1.0})
     faulty = Faulty(exp.algorithm.config)
-    exp.federation.algorithm = exp.federation.executor.algorithm = faulty
+    exp.federation.algorithm = exp.federation.executor.pipeline.algorithm = faulty
     with caplog.at_level(logging.WARNING):
         new_state, report = exp.federation.run_round(state, 1)
     reasons = dict(report.rejected)
@@ -120,7 +122,7 @@ def test_a_client_that_raises_does_not_stop_the_round(tmp_path):
             return super().client_begin(ctx)
 
     crashing = Crashing(exp.algorithm.config)
-    exp.federation.algorithm = exp.federation.executor.algorithm = crashing
+    exp.federation.algorithm = exp.federation.executor.pipeline.algorithm = crashing
     _, report = exp.federation.run_round(state, 1)
     assert report.failed == [(2, "RuntimeError: disk full")]
     assert report.accepted == [0, 1, 3, 4, 5, 6, 7]

@@ -124,6 +124,7 @@ class Arrival:
 class Algorithm(ABC):
     name: ClassVar[str]
     Config: ClassVar[type[AlgorithmConfig]]
+    keeps_client_state: ClassVar[bool] = True  # False: clients are stateless (no store traffic)
 
     def __init__(self, config: AlgorithmConfig):
         self.config = config
@@ -153,8 +154,23 @@ class Algorithm(ABC):
         """Algorithm-specific checks of an uplink's metadata; return the reason to reject, or None."""
         return None
 
+    def accumulate(self, arrivals: Sequence[Arrival]) -> Any:
+        """Reduce a group of arrivals to a partial aggregate.
+
+        Executors that spread clients over workers call this in each worker and ``combine`` the
+        partials, so an algorithm whose aggregate is a weighted sum ships one sum per worker
+        instead of every update (pfl-research's pattern). The default keeps the arrivals.
+        """
+        return list(arrivals)
+
+    def combine(self, partials: Sequence[Any]) -> Any:
+        """Merge partial aggregates (in the order of the clients they cover)."""
+        return [arrival for partial in partials for arrival in partial]
+
     @abstractmethod
-    def aggregate(self, state: Any, round: int, arrivals: Sequence[Arrival]) -> Any: ...
+    def aggregate(self, state: Any, round: int, accumulated: Any) -> Any:
+        """The new server state from this round's accumulated arrivals (all that arrived and passed
+        validation; an empty round's accumulation may be empty)."""
 
     @abstractmethod
     def global_params(self, state: Any) -> Params: ...

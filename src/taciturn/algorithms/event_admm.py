@@ -120,6 +120,7 @@ class EventADMM(Algorithm):
         return {n: tuple(p.shape) for n, p in state.z.items()}
 
     def aggregate(self, state: EventADMMState, round: int, arrivals: Sequence[Arrival]) -> EventADMMState:
+        # The default accumulation keeps the arrivals: each full vector replaces one copy.
         copies = state.copies
         for arrival in arrivals:  # full vectors replace the server's copy of x_hat_i + u_i
             for name, v in arrival.message.tensors().items():

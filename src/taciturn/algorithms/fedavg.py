@@ -43,10 +43,19 @@ class FedAvgState:
     params: Params
 
 
+@dataclass
+class WeightedDeltas:
+    """sum_k n_k (w^k - w_t) and sum_k n_k over a group of clients: FedAvg's partial aggregate."""
+
+    total: Params | None
+    weight: float
+
+
 class FedAvg(Algorithm):
     name = "fedavg"
     Config = FedAvgConfig
     config: FedAvgConfig
+    keeps_client_state = False
 
     def init_server(self, params: Params, num_clients: int) -> FedAvgState:
         return FedAvgState(clone(params))
@@ -72,11 +81,19 @@ class FedAvg(Algorithm):
         delta = sub(result.params, work.params)
         return ClientOutput(Message.from_tensors(delta, num_samples=ctx.num_samples, **loss_meta(result)))
 
-    def aggregate(self, state: FedAvgState, round: int, arrivals: Sequence[Arrival]) -> FedAvgState:
-        if not arrivals:
+    def accumulate(self, arrivals: Sequence[Arrival]) -> WeightedDeltas:
+        total = weighted_sum((a.message.meta["num_samples"], a.message.tensors()) for a in arrivals)
+        return WeightedDeltas(total, float(sum(a.message.meta["num_samples"] for a in arrivals)))
+
+    def combine(self, partials: Sequence[WeightedDeltas]) -> WeightedDeltas:
+        present = [p for p in partials if p.total is not None]
+        total = weighted_sum((1.0, p.total) for p in present)
+        return WeightedDeltas(total, sum(p.weight for p in present))
+
+    def aggregate(self, state: FedAvgState, round: int, accumulated: WeightedDeltas) -> FedAvgState:
+        if accumulated.total is None:  # nothing arrived
             return state
-        n = sum(a.message.meta["num_samples"] for a in arrivals)
-        mean_delta = weighted_sum((a.message.meta["num_samples"] / n, a.message.tensors()) for a in arrivals)
+        mean_delta = {k: v / accumulated.weight for k, v in accumulated.total.items()}
         return FedAvgState(add(state.params, mean_delta, self.config.server_lr))
 
     def global_params(self, state: FedAvgState) -> Params:

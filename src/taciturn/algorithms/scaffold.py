@@ -78,6 +78,15 @@ class ScaffoldState:
     control: Params  # c = sum_i p_i c_i
 
 
+@dataclass
+class ControlSums:
+    """sum p_i dy_i, sum p_i dc_i and sum p_i over a group of clients: SCAFFOLD's partial aggregate."""
+
+    dy: Params | None
+    dc: Params | None
+    weight: float
+
+
 class Scaffold(Algorithm):
     name = "scaffold"
     Config = ScaffoldConfig
@@ -139,16 +148,28 @@ class Scaffold(Algorithm):
         return ctx.num_samples / ctx.data.num_samples
 
     # ----- server -----
-    def aggregate(self, state: ScaffoldState, round: int, arrivals: Sequence[Arrival]) -> ScaffoldState:
-        if not arrivals:
-            return state
+    def accumulate(self, arrivals: Sequence[Arrival]) -> ControlSums:
         weights = [a.message.meta["weight"] for a in arrivals]
-        total = sum(weights)
-        dx = weighted_sum(
-            (w / total, a.message.tensors("dy/")) for w, a in zip(weights, arrivals, strict=True)
+        pairs = list(zip(weights, arrivals, strict=True))
+        return ControlSums(
+            weighted_sum((w, a.message.tensors("dy/")) for w, a in pairs),
+            weighted_sum((w, a.message.tensors("dc/")) for w, a in pairs),
+            float(sum(weights)),
         )
-        dc = weighted_sum((w, a.message.tensors("dc/")) for w, a in zip(weights, arrivals, strict=True))
-        return ScaffoldState(add(state.params, dx, self.config.server_lr), add(state.control, dc))
+
+    def combine(self, partials: Sequence[ControlSums]) -> ControlSums:
+        present = [p for p in partials if p.dy is not None]
+        return ControlSums(
+            weighted_sum((1.0, p.dy) for p in present),
+            weighted_sum((1.0, p.dc) for p in present),
+            sum(p.weight for p in present),
+        )
+
+    def aggregate(self, state: ScaffoldState, round: int, accumulated: ControlSums) -> ScaffoldState:
+        if accumulated.dy is None:
+            return state
+        dx = {k: v / accumulated.weight for k, v in accumulated.dy.items()}  # weighted mean of dy
+        return ScaffoldState(add(state.params, dx, self.config.server_lr), add(state.control, accumulated.dc))
 
     def global_params(self, state: ScaffoldState) -> Params:
         return state.params

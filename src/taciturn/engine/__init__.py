@@ -2,5 +2,6 @@
 
 from taciturn.engine.executor import Executor, SequentialExecutor
 from taciturn.engine.federation import Federation, RoundReport
+from taciturn.engine.pipeline import ClientPipeline, RoundPart
 
-__all__ = ["Executor", "Federation", "RoundReport", "SequentialExecutor"]
+__all__ = ["ClientPipeline", "Executor", "Federation", "RoundPart", "RoundReport", "SequentialExecutor"]

@@ -1,47 +1,57 @@
-"""Executors run the client side of a round. The sequential executor is the reference."""
+"""Executors decide where and how the client side of a round runs; they know no algorithm's math.
+
+* ``sequential``: one client after another, in this process. The reference.
+* ``vectorized``: the local steps of all of a round's clients at once with torch.func (vmap).
+* ``parallel``: clients spread over worker processes, one thread each (engine/parallel.py).
+"""
 
 from __future__ import annotations
 
-import logging
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from taciturn.algorithms.base import Algorithm, ClientContext, ClientOutput, LocalTraining
+from taciturn.algorithms.base import Algorithm, ClientContext, LocalTraining, TrainResult
+from taciturn.core.message import Message
 from taciturn.engine.local_training import train_locally
-
-log = logging.getLogger(__name__)
-
-
-class ClientFailed(RuntimeError):
-    """A client's work raised; the round goes on without it."""
+from taciturn.engine.pipeline import ClientPipeline, RoundPart
 
 
 class Executor(ABC):
-    def __init__(self, algorithm: Algorithm):
-        self.algorithm = algorithm
+    name: str
+
+    def __init__(self, pipeline: ClientPipeline):
+        self.pipeline = pipeline
 
     @abstractmethod
-    def run(self, contexts: Sequence[ClientContext]) -> list[ClientOutput | ClientFailed]:
-        """One output per context, in order; a client whose work raised yields ClientFailed."""
+    def serve(
+        self,
+        round: int,
+        clients: Sequence[int],
+        downlink: Mapping[int, Message | None],
+        spec: Mapping[str, tuple[int, ...]],
+    ) -> RoundPart: ...
+
+    def close(self) -> None:  # noqa: B027 (in-process executors hold nothing to release)
+        """Release workers or other resources."""
+
+
+class LoopTrainer:
+    """Each client's local steps in turn (engine/local_training.py)."""
+
+    def train(
+        self, algorithm: Algorithm, items: Sequence[tuple[ClientContext, LocalTraining]]
+    ) -> list[TrainResult | Exception]:
+        results: list[TrainResult | Exception] = []
+        for ctx, work in items:
+            try:
+                results.append(train_locally(algorithm, ctx, work, algorithm.config.local))
+            except Exception as error:
+                results.append(error)
+        return results
 
 
 class SequentialExecutor(Executor):
-    """One client after another, in this process."""
+    name = "sequential"
 
-    def run_one(self, ctx: ClientContext) -> ClientOutput:
-        work = self.algorithm.client_begin(ctx)
-        if isinstance(work, ClientOutput):
-            return work
-        assert isinstance(work, LocalTraining)
-        result = train_locally(self.algorithm, ctx, work, self.algorithm.config.local)
-        return self.algorithm.client_end(ctx, work, result)
-
-    def run(self, contexts: Sequence[ClientContext]) -> list[ClientOutput | ClientFailed]:
-        outputs: list[ClientOutput | ClientFailed] = []
-        for ctx in contexts:
-            try:
-                outputs.append(self.run_one(ctx))
-            except Exception as error:  # one broken client must not end the federation
-                log.exception("client %d failed in round %d", ctx.client, ctx.round)
-                outputs.append(ClientFailed(f"{type(error).__name__}: {error}"))
-        return outputs
+    def serve(self, round, clients, downlink, spec) -> RoundPart:
+        return self.pipeline.serve(round, clients, downlink, spec, LoopTrainer())

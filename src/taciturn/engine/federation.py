@@ -1,27 +1,21 @@
-"""The round loop: select, send down, run clients, send up, validate, aggregate.
+"""The round loop: select, decide what to send down, serve the clients, aggregate.
 
-Every message crosses the Channel (so the Ledger counts it and drops can hit it), every uplink
-is validated before the algorithm sees it, and client state is written back to the store.
+Every message crosses the Channel (so the Ledger counts it and drops can hit it), every uplink is
+validated before the algorithm sees it, and client state goes back to the store; the executor
+decides where the clients' work runs (engine/executor.py).
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from taciturn.algorithms.base import Algorithm, Arrival, ClientContext, ClientOutput, Loss
-from taciturn.core.channel import Channel
-from taciturn.core.ledger import Direction
+from taciturn.algorithms.base import Algorithm
 from taciturn.core.rng import SERVER, Streams
-from taciturn.core.state_store import ClientStateStore
-from taciturn.engine.executor import ClientFailed, Executor
-from taciturn.engine.validation import uplink_problem
+from taciturn.engine.executor import Executor
 from taciturn.tasks.base import ClientData
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -36,76 +30,29 @@ class RoundReport:
 
 
 class Federation:
-    def __init__(
-        self,
-        algorithm: Algorithm,
-        executor: Executor,
-        channel: Channel,
-        store: ClientStateStore,
-        streams: Streams,
-        data: ClientData,
-        loss: Loss,
-    ):
+    def __init__(self, algorithm: Algorithm, executor: Executor, streams: Streams, data: ClientData):
         self.algorithm = algorithm
         self.executor = executor
-        self.channel = channel
-        self.store = store
         self.streams = streams
         self.data = data
-        self.loss = loss
 
     def run_round(self, state: Any, round: int) -> tuple[Any, RoundReport]:
-        algorithm, report = self.algorithm, RoundReport(round)
-        selected = algorithm.select_clients(
-            state, round, self.data.num_clients, self.streams.numpy(round, SERVER, "select")
-        )
-        report.selected = [int(c) for c in selected]
-        downlink = algorithm.downlink(
-            state, round, report.selected, self.streams.numpy(round, SERVER, "downlink")
-        )
-        contexts = []
-        for client in report.selected:
-            message = downlink.get(client)
-            received = None if message is None else self.channel.send(Direction.DOWN, round, client, message)
-            contexts.append(
-                ClientContext(
-                    client,
-                    round,
-                    received,
-                    self.store.get(client),
-                    self.data.client_size(client),
-                    self.streams,
-                    self.data,
-                    self.loss,
-                )
+        algorithm = self.algorithm
+        selected = [
+            int(c)
+            for c in algorithm.select_clients(
+                state, round, self.data.num_clients, self.streams.numpy(round, SERVER, "select")
             )
-        outputs = self.executor.run(contexts)
-        arrivals = self._collect(round, contexts, outputs, algorithm.uplink_spec(state), report)
-        losses = [a.message.meta["train_loss"] for a in arrivals if "train_loss" in a.message.meta]
-        report.train_loss = math.fsum(losses) / len(losses) if losses else None
-        return algorithm.aggregate(state, round, arrivals), report
-
-    def _collect(self, round, contexts, outputs, spec, report: RoundReport) -> list[Arrival]:
-        arrivals = []
-        for ctx, output in zip(contexts, outputs, strict=True):
-            if isinstance(output, ClientFailed):
-                report.failed.append((ctx.client, str(output)))
-                continue
-            assert isinstance(output, ClientOutput)
-            if output.info:
-                report.client_info[ctx.client] = output.info
-            if output.state is not None:
-                self.store.put(ctx.client, output.state)
-            if output.uplink is None:
-                continue
-            arrived = self.channel.send(Direction.UP, round, ctx.client, output.uplink)
-            if arrived is None:
-                continue
-            reason = uplink_problem(arrived, spec) or self.algorithm.check_uplink_meta(arrived)
-            if reason is not None:
-                log.warning("round %d: rejected the update of client %d: %s", round, ctx.client, reason)
-                report.rejected.append((ctx.client, reason))
-                continue
-            report.accepted.append(ctx.client)
-            arrivals.append(Arrival(ctx.client, arrived))
-        return arrivals
+        ]
+        downlink = algorithm.downlink(state, round, selected, self.streams.numpy(round, SERVER, "downlink"))
+        part = self.executor.serve(round, selected, downlink, algorithm.uplink_spec(state))
+        report = RoundReport(
+            round,
+            selected,
+            part.accepted,
+            part.rejected,
+            part.failed,
+            math.fsum(part.losses) / len(part.losses) if part.losses else None,
+            part.client_info,
+        )
+        return algorithm.aggregate(state, round, part.accumulated), report

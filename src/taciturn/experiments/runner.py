@@ -25,6 +25,7 @@ from taciturn.data.federated import FederatedData
 from taciturn.data.partition import partition
 from taciturn.engine.executor import SequentialExecutor
 from taciturn.engine.federation import Federation, RoundReport
+from taciturn.engine.pipeline import ClientPipeline
 from taciturn.experiments import checkpoint
 from taciturn.experiments.config import ConfigError, RunConfig, load_config, to_toml
 from taciturn.experiments.progress import RoundProgress
@@ -99,8 +100,8 @@ def prepare(config: RunConfig, out: Path, ledger: Ledger | None = None) -> Exper
     ledger = ledger or Ledger()
     channel = Channel(ledger, streams, config.channel.drop_up, config.channel.drop_down)
     store = MemoryStateStore()
-    executor = SequentialExecutor(algorithm)
-    federation = Federation(algorithm, executor, channel, store, streams, data, task.loss)
+    pipeline = ClientPipeline(algorithm, channel, store, streams, data, task.loss)
+    federation = Federation(algorithm, SequentialExecutor(pipeline), streams, data)
     return Experiment(config, RunDir(out), streams, data, task, algorithm, ledger, store, federation)
 
 

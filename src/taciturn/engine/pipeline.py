@@ -1,0 +1,169 @@
+"""The client side of a round, for any group of clients: what every executor runs.
+
+For each client: the downlink crosses the channel, the algorithm begins its work, local training
+runs (through the executor's trainer: one client at a time, or many at once), the algorithm ends
+its work, the new client state goes to the store, the uplink crosses the channel, the server
+validates it, and the accepted arrivals are reduced with ``algorithm.accumulate``. A parallel
+executor runs this for each worker's share and merges the parts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from taciturn.algorithms.base import (
+    Algorithm,
+    Arrival,
+    ClientContext,
+    ClientOutput,
+    LocalTraining,
+    Loss,
+    TrainResult,
+)
+from taciturn.core.channel import Channel
+from taciturn.core.ledger import Direction
+from taciturn.core.message import Message
+from taciturn.core.rng import Streams
+from taciturn.core.state_store import ClientStateStore
+from taciturn.engine.validation import uplink_problem
+from taciturn.tasks.base import ClientData
+
+log = logging.getLogger(__name__)
+
+
+class Trainer(Protocol):
+    def train(
+        self, algorithm: Algorithm, items: Sequence[tuple[ClientContext, LocalTraining]]
+    ) -> list[TrainResult | Exception]:
+        """Run each item's local steps; a client whose training raised yields its exception."""
+
+
+@dataclass
+class RoundPart:
+    """What serving a group of clients produced; parts of one round merge into one."""
+
+    accumulated: Any
+    accepted: list[int] = field(default_factory=list)
+    rejected: list[tuple[int, str]] = field(default_factory=list)
+    failed: list[tuple[int, str]] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)  # train_loss of accepted uplinks that report one
+    client_info: dict[int, Mapping[str, float]] = field(default_factory=dict)
+
+
+class ClientPipeline:
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        channel: Channel,
+        store: ClientStateStore,
+        streams: Streams,
+        data: ClientData,
+        loss: Loss,
+    ):
+        self.algorithm = algorithm
+        self.channel = channel
+        self.store = store
+        self.streams = streams
+        self.data = data
+        self.loss = loss
+
+    def context(self, round: int, client: int, message: Message | None) -> ClientContext:
+        received = None if message is None else self.channel.send(Direction.DOWN, round, client, message)
+        return ClientContext(
+            client,
+            round,
+            received,
+            self.store.get(client),
+            self.data.client_size(client),
+            self.streams,
+            self.data,
+            self.loss,
+        )
+
+    def serve(
+        self,
+        round: int,
+        clients: Sequence[int],
+        downlink: Mapping[int, Message | None],
+        spec: Mapping[str, tuple[int, ...]],
+        trainer: Trainer,
+    ) -> RoundPart:
+        algorithm = self.algorithm
+        contexts = [self.context(round, c, downlink.get(c)) for c in clients]
+        outputs: list[ClientOutput | Exception | None] = [None] * len(contexts)
+        works: dict[int, LocalTraining] = {}
+        for i, ctx in enumerate(contexts):
+            try:
+                begun = algorithm.client_begin(ctx)
+            except Exception as error:  # one broken client must not end the federation
+                outputs[i] = _failed(ctx, error)
+                continue
+            if isinstance(begun, LocalTraining):
+                works[i] = begun
+            else:
+                outputs[i] = begun
+        results = trainer.train(algorithm, [(contexts[i], w) for i, w in works.items()])
+        for (i, work), result in zip(works.items(), results, strict=True):
+            if isinstance(result, Exception):
+                outputs[i] = _failed(contexts[i], result)
+                continue
+            try:
+                outputs[i] = algorithm.client_end(contexts[i], work, result)
+            except Exception as error:
+                outputs[i] = _failed(contexts[i], error)
+        return self._collect(round, contexts, outputs, spec)
+
+    def _collect(self, round, contexts, outputs, spec) -> RoundPart:
+        part, arrivals = RoundPart(accumulated=None), []
+        for ctx, output in zip(contexts, outputs, strict=True):
+            if isinstance(output, Exception):
+                part.failed.append((ctx.client, f"{type(output).__name__}: {output}"))
+                continue
+            assert isinstance(output, ClientOutput)
+            if output.info:
+                part.client_info[ctx.client] = dict(output.info)
+            if output.state is not None:
+                self.store.put(ctx.client, output.state)
+            if output.uplink is None:
+                continue
+            arrived = self.channel.send(Direction.UP, round, ctx.client, output.uplink)
+            if arrived is None:
+                continue
+            reason = uplink_problem(arrived, spec) or self.algorithm.check_uplink_meta(arrived)
+            if reason is not None:
+                log.warning("round %d: rejected the update of client %d: %s", round, ctx.client, reason)
+                part.rejected.append((ctx.client, reason))
+                continue
+            part.accepted.append(ctx.client)
+            if isinstance(loss := arrived.meta.get("train_loss"), float):
+                part.losses.append(loss)
+            arrivals.append(Arrival(ctx.client, arrived))
+        part.accumulated = self.algorithm.accumulate(arrivals)
+        return part
+
+
+def _failed(ctx: ClientContext, error: Exception) -> Exception:
+    log.error(
+        "client %d failed in round %d: %s: %s",
+        ctx.client,
+        ctx.round,
+        type(error).__name__,
+        error,
+        exc_info=error,
+    )
+    return error
+
+
+def merge(algorithm: Algorithm, parts: Sequence[RoundPart]) -> RoundPart:
+    """One part from several (each covering other clients), in the order given."""
+    merged = RoundPart(accumulated=algorithm.combine([p.accumulated for p in parts]))
+    for p in parts:
+        merged.accepted += p.accepted
+        merged.rejected += p.rejected
+        merged.failed += p.failed
+        merged.losses += p.losses
+        merged.client_info.update(p.client_info)
+    return merged
