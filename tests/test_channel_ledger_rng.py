@@ -109,10 +109,43 @@ def test_memory_store_checkpoint_round_trip(tmp_path):
     store = MemoryStateStore()
     store.put(3, {"c/w": torch.arange(6.0).reshape(2, 3), "count": torch.tensor(4)})
     store.put(10, {"c/w": torch.ones(2, 3)})
-    store.save(tmp_path / "clients.safetensors")
+    store.save(tmp_path)
     back = MemoryStateStore()
-    back.load(tmp_path / "clients.safetensors")
+    back.load(tmp_path)
     assert list(back.clients()) == [3, 10]
     assert torch.equal(back.get(3)["c/w"], torch.arange(6.0).reshape(2, 3))
     assert int(back.get(3)["count"]) == 4
     assert back.get(5) is None
+
+
+def test_disk_store_round_trip_presence_and_checkpoint(tmp_path):
+    from taciturn.core.disk_store import DiskStateStore
+
+    store = DiskStateStore(tmp_path / "state.bin", num_clients=10_000)
+    assert store.get(7) is None and list(store.clients()) == []
+    state = {"c/w": torch.arange(6.0).reshape(2, 3), "n": torch.tensor([3], dtype=torch.int64)}
+    store.put(9_999, state)
+    store.put(7, {"c/w": torch.ones(2, 3), "n": torch.tensor([1])})
+    assert list(store.clients()) == [7, 9_999]
+    assert torch.equal(store.get(9_999)["c/w"], state["c/w"]) and int(store.get(9_999)["n"]) == 3
+    # The file is sparse: 10,000 slots of 56 bytes, two of them written.
+    assert (tmp_path / "state.bin").stat().st_size <= 10_000 + 10_000 * 56
+    with pytest.raises(ValueError, match="same names"):
+        store.put(1, {"other": torch.zeros(1)})
+    with pytest.raises(ValueError, match=r"the store holds"):
+        store.put(1, {"c/w": torch.zeros(3, 2), "n": torch.tensor([1])})
+    store.save(tmp_path / "ck")
+    other = DiskStateStore(tmp_path / "other.bin", num_clients=10_000)  # another process sees the layout
+    other.put(3, {"c/w": torch.zeros(2, 3), "n": torch.tensor([0])})
+    other.load(tmp_path / "ck")
+    assert list(other.clients()) == [7, 9_999]
+    assert torch.equal(other.get(7)["c/w"], torch.ones(2, 3))
+
+
+def test_disk_store_is_shared_between_instances(tmp_path):
+    from taciturn.core.disk_store import DiskStateStore
+
+    writer = DiskStateStore(tmp_path / "s.bin", 4)
+    reader = DiskStateStore(tmp_path / "s.bin", 4)
+    writer.put(2, {"x": torch.tensor([1.5, 2.5])})
+    assert torch.equal(reader.get(2)["x"], torch.tensor([1.5, 2.5]))

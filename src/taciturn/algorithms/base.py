@@ -81,12 +81,17 @@ class ClientContext:
     data: ClientData  # the federated training set (this client's part via client_indices)
     loss: Loss  # the task loss, a pure function of (params, batch)
 
-    def batches(self, config: LocalConfig) -> Iterator[Any]:
-        """This client's minibatches for this round, drawn from its own seeded stream."""
+    def batch_indices(self, config: LocalConfig) -> list[np.ndarray]:
+        """Which samples each of this round's local steps uses, from the client's own seeded stream."""
         indices = self.data.client_indices(self.client)
         rng = self.streams.numpy(self.round, self.client, "batches")
-        for positions in batch_plan(len(indices), config.batch_size, config.epochs, config.steps, rng):
-            yield self.data.batch(indices[positions])
+        plan = batch_plan(len(indices), config.batch_size, config.epochs, config.steps, rng)
+        return [indices[positions] for positions in plan]
+
+    def batches(self, config: LocalConfig) -> Iterator[Any]:
+        """This client's minibatches for this round."""
+        for indices in self.batch_indices(config):
+            yield self.data.batch(indices)
 
 
 @dataclass

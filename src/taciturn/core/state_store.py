@@ -1,9 +1,9 @@
-"""Client-state store: where persistent per-client state lives between rounds.
+"""Client-state stores: where persistent per-client state lives between rounds.
 
-SCAFFOLD control variates, ADMM duals, trigger memory and momentum buffers are named tensors
-per client. The store is an interface so that a disk-backed store can hold 10,000+ stateful
-clients with bounded memory; the in-memory store is the default. Checkpoints go through the
-codec (safetensors), never pickle.
+SCAFFOLD control variates, ADMM duals, trigger memory and momentum buffers are named tensors per
+client. ``MemoryStateStore`` keeps them in a dict; ``DiskStateStore`` (core/disk_store.py) keeps
+them in fixed-size slots of one file, so 10,000+ stateful clients fit in bounded memory and worker
+processes can share them. Checkpoints go through the codec or raw arrays, never pickle.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ ClientState = dict[str, torch.Tensor]
 
 
 class ClientStateStore(ABC):
+    shared: bool = False  # True: worker processes may read and write it concurrently
+
     @abstractmethod
     def get(self, client: int) -> ClientState | None:
         """The client's state, or None if it has none yet. Callers must not mutate it in place."""
@@ -32,26 +34,18 @@ class ClientStateStore(ABC):
     def clients(self) -> Iterator[int]:
         """Ids of clients with stored state."""
 
-    def save(self, path: Path) -> None:
-        """Write every client's state into one safetensors file (``<client>/<name>`` keys)."""
-        arrays = {}
-        for client in self.clients():
-            state = self.get(client)
-            assert state is not None
-            for name, tensor in state.items():
-                arrays[f"{client}/{name}"] = tensor.detach().cpu().numpy()
-        path.write_bytes(encode(Message(arrays=arrays)))
+    @abstractmethod
+    def save(self, folder: Path) -> None:
+        """Write every client's state into ``folder`` (a checkpoint)."""
 
-    def load(self, path: Path) -> None:
-        states: dict[int, ClientState] = {}
-        for key, tensor in decode(path.read_bytes()).tensors().items():
-            client, name = key.split("/", 1)
-            states.setdefault(int(client), {})[name] = tensor
-        for client, state in states.items():
-            self.put(client, state)
+    @abstractmethod
+    def load(self, folder: Path) -> None:
+        """Replace the contents with a checkpoint written by ``save``."""
 
 
 class MemoryStateStore(ClientStateStore):
+    FILE = "clients.safetensors"
+
     def __init__(self) -> None:
         self._states: dict[int, ClientState] = {}
 
@@ -63,3 +57,18 @@ class MemoryStateStore(ClientStateStore):
 
     def clients(self) -> Iterator[int]:
         return iter(sorted(self._states))
+
+    def save(self, folder: Path) -> None:
+        """One safetensors file with ``<client>/<name>`` keys."""
+        arrays = {
+            f"{client}/{name}": tensor.detach().cpu().numpy()
+            for client in self.clients()
+            for name, tensor in self._states[client].items()
+        }
+        (folder / self.FILE).write_bytes(encode(Message(arrays=arrays)))
+
+    def load(self, folder: Path) -> None:
+        self._states = {}
+        for key, tensor in decode((folder / self.FILE).read_bytes()).tensors().items():
+            client, name = key.split("/", 1)
+            self._states.setdefault(int(client), {})[name] = tensor

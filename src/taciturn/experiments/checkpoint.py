@@ -22,7 +22,7 @@ def save(folder: Path, server_state: Any, store: ClientStateStore, progress: dic
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     (tmp / "server.safetensors").write_bytes(encode(pack(server_state)))
-    store.save(tmp / "clients.safetensors")
+    store.save(tmp)
     (tmp / "progress.json").write_text(json.dumps(progress, indent=1))
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(tmp, folder)
@@ -30,5 +30,5 @@ def save(folder: Path, server_state: Any, store: ClientStateStore, progress: dic
 
 def load(folder: Path, state_class: type, store: ClientStateStore) -> tuple[Any, dict[str, Any]]:
     server_state = unpack(state_class, decode((folder / "server.safetensors").read_bytes()))
-    store.load(folder / "clients.safetensors")
+    store.load(folder)
     return server_state, json.loads((folder / "progress.json").read_text())

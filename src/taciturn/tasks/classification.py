@@ -15,11 +15,12 @@ from torch.func import functional_call
 
 from taciturn.core.params import Params
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+Batch = tuple[torch.Tensor, ...]  # (x, y) or (x, y, sample weight)
 
 
 class ClassificationTask:
     primary_metric = "accuracy"
+    weighted_batches = True  # loss accepts (x, y, weight): the vectorized executor needs this
 
     def __init__(
         self, model: nn.Module, x_test: torch.Tensor, y_test: torch.Tensor, eval_batch_size: int = 2000
@@ -42,8 +43,13 @@ class ClassificationTask:
         return functional_call(self.model, params, (x,))
 
     def loss(self, params: Params, batch: Batch) -> torch.Tensor:
-        x, y = batch
-        return F.cross_entropy(self.logits(params, x), y)
+        """Mean cross-entropy; a batch (x, y, weight) gives the weighted mean, which lets a
+        vectorized executor pad clients' batches to one size and mask the padding out."""
+        if len(batch) == 2:
+            x, y = batch
+            return F.cross_entropy(self.logits(params, x), y)
+        x, y, weight = batch
+        return (F.cross_entropy(self.logits(params, x), y, reduction="none") * weight).sum() / weight.sum()
 
     def evaluate(self, params: Params) -> dict[str, float]:
         return self.evaluate_on(params, self.x_test, self.y_test)
