@@ -17,6 +17,7 @@ def tiny_config(**overrides) -> RunConfig:
         "algorithm": {"name": "fedavg", "fraction": 0.5, "local": {"epochs": 1, "batch_size": 16, "lr": 0.1}},
         "eval": {"every": 1},
         "checkpoint": {"every": 2},
+        "engine": {"executor": "sequential"},
     }
     for dotted, value in overrides.items():
         *parents, last = dotted.split("__")

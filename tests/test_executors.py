@@ -22,22 +22,27 @@ ALGORITHMS = [
 ]
 
 
-def run(tmp_path, executor_class, algorithm, rounds=3):
+def run(tmp_path, executor_class, algorithm, rounds=3, store="memory"):
+    tmp_path = tmp_path / executor_class.__name__ if hasattr(executor_class, "__name__") else tmp_path / "x"
     config = tiny_config(
+        engine={"executor": "sequential", "store": store},
         algorithm={
             "fraction": 0.5,
             **algorithm,
             "local": {"epochs": 2, "batch_size": 16, **algorithm.get("local", {})},
-        }
+        },
     )
     exp = prepare(config, tmp_path)
     pipeline = exp.federation.executor.pipeline
     exp.federation.executor = executor_class(pipeline)
     state = exp.algorithm.init_server(exp.task.init_params(exp.streams.torch(0, SERVER, "init")), 8)
     reports = []
-    for r in range(1, rounds + 1):
-        state, report = exp.federation.run_round(state, r)
-        reports.append(report)
+    try:
+        for r in range(1, rounds + 1):
+            state, report = exp.federation.run_round(state, r)
+            reports.append(report)
+    finally:
+        exp.federation.executor.close()
     return exp.algorithm.global_params(state), reports, pipeline
 
 
@@ -68,3 +73,81 @@ def test_clients_with_fewer_steps_are_masked_not_padded(tmp_path):
     assert len({pipe.data.client_size(c) for c in range(8)}) > 1  # the premise: unequal clients
     for name in reference:
         torch.testing.assert_close(vectorized[name], reference[name], **TOLERANCE)
+
+
+def parallel(workers):
+    from taciturn.engine.parallel import ParallelExecutor
+
+    def make(pipeline):
+        return ParallelExecutor(pipeline, workers)
+
+    make.__name__ = f"parallel{workers}"
+    return make
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=lambda a: a["name"] + str(len(a)))
+def test_parallel_agrees_with_sequential(tmp_path, algorithm):
+    reference, ref_reports, ref_pipe = run(tmp_path, SequentialExecutor, algorithm, store="disk")
+    result, reports, pipe = run(tmp_path, parallel(2), algorithm, store="disk")
+    for name in reference:
+        torch.testing.assert_close(result[name], reference[name], **TOLERANCE)
+    for a, b in zip(ref_reports, reports, strict=True):
+        assert (a.selected, a.accepted, a.failed) == (b.selected, b.accepted, b.failed)
+    assert [r["messages_sent"] for r in ref_pipe.channel.ledger.rows()] == [
+        r["messages_sent"] for r in pipe.channel.ledger.rows()
+    ]
+    for client in ref_pipe.store.clients():  # workers wrote client state where the server can read it
+        for key, value in ref_pipe.store.get(client).items():
+            torch.testing.assert_close(pipe.store.get(client)[key], value, **TOLERANCE)
+
+
+def test_parallel_refuses_client_state_it_cannot_share(tmp_path):
+    from taciturn.engine.parallel import ParallelExecutor
+
+    exp = prepare(tiny_config(algorithm={"name": "scaffold"}), tmp_path)
+    with pytest.raises(ValueError, match="disk store"):
+        ParallelExecutor(exp.federation.executor.pipeline, 2)
+
+
+def test_balance_spreads_work_evenly():
+    from taciturn.engine.parallel import balance
+
+    shares = balance([3, 1, 4, 5, 9], [10, 50, 20, 30, 40], 2)
+    loads = [sum({3: 10, 1: 50, 4: 20, 5: 30, 9: 40}[c] for c in share) for share in shares]
+    assert sorted(c for share in shares for c in share) == [1, 3, 4, 5, 9]
+    assert max(loads) - min(loads) <= 10
+
+
+@pytest.mark.parametrize(
+    ("timing", "cores", "clients", "expected"),
+    [
+        ({"all_threads": 1.0, "one_thread": 1.9}, 2, 10, "sequential"),  # threads already scale
+        ({"all_threads": 1.0, "one_thread": 1.2}, 2, 10, "parallel"),  # they do not: use processes
+        ({"all_threads": 1.0, "one_thread": 1.2, "vmap": 2.0, "vmap_clients": 8}, 2, 10, "vectorized"),
+        ({"all_threads": 1.0, "one_thread": 1.2}, 1, 10, "sequential"),  # one core
+        ({"all_threads": 1.0, "one_thread": 1.2}, 2, 1, "sequential"),  # one client a round
+    ],
+)
+def test_executor_choice_follows_the_measurements(monkeypatch, timing, cores, clients, expected):
+    from taciturn.engine import choice
+
+    monkeypatch.setattr(
+        choice,
+        "_probe",
+        lambda *a: (
+            {k: v * 1e-3 for k, v in timing.items()}
+            | ({"vmap_clients": timing["vmap_clients"]} if "vmap_clients" in timing else {})
+        ),
+    )
+    monkeypatch.setattr(choice, "available_cores", lambda: cores)
+    picked = choice.choose(None, (torch.zeros(1),), clients, steps=20, weighted_batches=True)
+    assert picked.executor == expected
+    assert picked.reason  # always says why
+
+
+def test_auto_engine_runs_and_logs_its_choice(tmp_path):
+    from taciturn.experiments.runner import start
+
+    rundir = start(tiny_config(engine={"executor": "auto"}, rounds=2), tmp_path / "run", progress=False)
+    assert "executor:" in rundir.log.read_text()
+    assert rundir.read_metrics()[-1]["round"] == 2

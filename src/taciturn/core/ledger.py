@@ -63,6 +63,13 @@ class Ledger:
                 entry.messages_delivered += 1
                 entry.bytes_delivered += nbytes
 
+    def add_row(self, row: dict) -> None:
+        """Add a row produced by another ledger (e.g. a worker process's), as ``rows()`` gives them."""
+        direction = Direction(row["direction"])
+        for entry in (self._rows[(row["round"], row["client"], direction)], self._totals[direction]):
+            for key in COLUMNS[3:]:
+                setattr(entry, key, getattr(entry, key) + row[key])
+
     def totals(self, direction: Direction) -> Totals:
         e = self._totals[direction]
         return Totals(e.messages_sent, e.messages_delivered, e.bytes_sent, e.bytes_delivered)

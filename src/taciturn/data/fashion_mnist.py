@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from taciturn.core.paths import cache_root
 from taciturn.data.datasets import ArrayDataset, DatasetNotFound
 
 # SHA-256 of the decompressed IDX files.
@@ -42,8 +43,7 @@ DOWNLOAD_TIMEOUT_S = 30
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "taciturn" / "fashion-mnist"
+    return cache_root() / "fashion-mnist"
 
 
 def candidate_dirs(path: Path | None = None) -> list[tuple[str, Path]]:

@@ -121,6 +121,17 @@ _DEFAULT_TAGS = (
 )
 
 
+class EngineConfig(StrictModel):
+    executor: Literal["auto", "sequential", "vectorized", "parallel"] = Field(
+        "auto", description="where clients run; auto measures this machine (engine/choice.py)"
+    )
+    workers: int = Field(0, ge=0, description="parallel workers (0: one per CPU core)")
+    store: Literal["auto", "memory", "disk"] = Field(
+        "auto", description="client state: auto = disk for parallel workers or 1,000+ stateful clients"
+    )
+    threads: int = Field(0, ge=0, description="PyTorch threads in the main process (0: PyTorch's default)")
+
+
 class RunConfig(StrictModel):
     """A round-based federated run (FedAvg and the methods that share its shape)."""
 
@@ -135,7 +146,7 @@ class RunConfig(StrictModel):
     channel: ChannelConfig = ChannelConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
-    executor: Literal["sequential"] = "sequential"
+    engine: EngineConfig = EngineConfig()
 
     @model_validator(mode="before")
     @classmethod

@@ -19,15 +19,14 @@ from taciturn.algorithms import Algorithm, build_algorithm
 from taciturn.core.channel import Channel
 from taciturn.core.ledger import Direction, Ledger
 from taciturn.core.rng import SERVER, Streams
-from taciturn.core.state_store import MemoryStateStore
+from taciturn.core.state_store import ClientStateStore
 from taciturn.data.datasets import load_dataset, train_subset
 from taciturn.data.federated import FederatedData
 from taciturn.data.partition import partition
-from taciturn.engine.executor import SequentialExecutor
 from taciturn.engine.federation import Federation, RoundReport
-from taciturn.engine.pipeline import ClientPipeline
 from taciturn.experiments import checkpoint
 from taciturn.experiments.config import ConfigError, RunConfig, load_config, to_toml
+from taciturn.experiments.engine_setup import build_federation
 from taciturn.experiments.progress import RoundProgress
 from taciturn.report.rundir import RunDir
 from taciturn.tasks.base import Task
@@ -64,8 +63,9 @@ class Experiment:
     task: Task
     algorithm: Algorithm
     ledger: Ledger
-    store: MemoryStateStore
+    store: ClientStateStore
     federation: Federation
+    engine_note: str  # which executor and store, and why
 
 
 def prepare(config: RunConfig, out: Path, ledger: Ledger | None = None) -> Experiment:
@@ -99,10 +99,10 @@ def prepare(config: RunConfig, out: Path, ledger: Ledger | None = None) -> Exper
     algorithm = build_algorithm(config.algorithm)
     ledger = ledger or Ledger()
     channel = Channel(ledger, streams, config.channel.drop_up, config.channel.drop_down)
-    store = MemoryStateStore()
-    pipeline = ClientPipeline(algorithm, channel, store, streams, data, task.loss)
-    federation = Federation(algorithm, SequentialExecutor(pipeline), streams, data)
-    return Experiment(config, RunDir(out), streams, data, task, algorithm, ledger, store, federation)
+    federation, store, engine_note = build_federation(config, algorithm, task, data, channel, streams, out)
+    return Experiment(
+        config, RunDir(out), streams, data, task, algorithm, ledger, store, federation, engine_note
+    )
 
 
 def _write_partition(exp: Experiment) -> None:
@@ -219,6 +219,7 @@ def _loop(
 ) -> RunDir:
     config, rundir = exp.config, exp.rundir
     handler = _attach_log(rundir)
+    log.info(exp.engine_note)
     log.info(
         "run %s: %s on %s, rounds %d..%d",
         config.name,
@@ -255,6 +256,7 @@ def _loop(
                 for callback in callbacks:
                     callback(RoundEnd(round, row, report, state, exp.algorithm))
     finally:
+        exp.federation.executor.close()
         log.removeHandler(handler)
         handler.close()
     from taciturn.report.html import write_report

@@ -1,0 +1,210 @@
+"""The parallel executor: a round's clients spread over worker processes, one thread each.
+
+Workers are forked once, after the data is loaded, so they share the training set with the main
+process page for page (nothing is copied or pickled). Each round, a worker receives its share of
+the clients (balanced greedily by data size, like pfl-research's load balancer) and the downlink
+messages, runs the same client pipeline as the sequential executor, and returns one partial
+aggregate (``algorithm.accumulate``: for FedAvg a single weighted sum), its ledger rows and its
+report. So the traffic between processes is one reduction per worker per round, not one update
+per client. Everything crosses the process boundary through the codec (safetensors) or JSON:
+nothing is pickled. Clients with persistent state need a store the workers can share
+(``DiskStateStore``).
+
+Within a worker the computation is identical to the sequential executor's; the partial sums are
+added in another order, so results agree with it up to floating-point rounding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import json
+import logging
+import multiprocessing
+import os
+import traceback
+from collections.abc import Mapping, Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from taciturn.algorithms.base import Arrival
+from taciturn.core.channel import Channel
+from taciturn.core.codec import decode, encode
+from taciturn.core.ledger import Direction, Ledger
+from taciturn.core.message import Message
+from taciturn.core.packing import pack, unpack
+from taciturn.engine.executor import Executor, LoopTrainer
+from taciturn.engine.pipeline import ClientPipeline, RoundPart, merge
+
+log = logging.getLogger(__name__)
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process raised outside any single client's work (a bug, not a client fault)."""
+
+
+class ParallelExecutor(Executor):
+    name = "parallel"
+
+    def __init__(self, pipeline: ClientPipeline, workers: int):
+        super().__init__(pipeline)
+        if pipeline.algorithm.keeps_client_state and not pipeline.store.shared:
+            raise ValueError(
+                f"{pipeline.algorithm.name} keeps client state, which the parallel executor's workers can "
+                "only share through a disk store: set engine.store = 'disk' (or 'auto')"
+            )
+        if workers < 1:
+            raise ValueError(f"the parallel executor needs at least one worker, got {workers}")
+        context = multiprocessing.get_context("fork")  # workers inherit the loaded data, copy-on-write
+        self._workers: list[tuple[multiprocessing.Process, Connection]] = []
+        for index in range(workers):
+            ours, theirs = context.Pipe()
+            process = context.Process(
+                target=_work, args=(theirs, pipeline), name=f"taciturn-worker-{index}", daemon=True
+            )
+            process.start()
+            theirs.close()
+            self._workers.append((process, ours))
+
+    def serve(self, round, clients, downlink, spec) -> RoundPart:
+        shares = balance(clients, [self.pipeline.data.client_size(c) for c in clients], len(self._workers))
+        busy = [(conn, share) for (_, conn), share in zip(self._workers, shares, strict=True) if share]
+        for conn, share in busy:
+            _send_request(conn, round, share, downlink, spec)
+        parts = [self._receive(conn) for conn, _ in busy]
+        part = merge(self.pipeline.algorithm, parts)
+        order = {c: i for i, c in enumerate(clients)}
+        part.accepted.sort(key=order.__getitem__)
+        part.rejected.sort(key=lambda item: order[item[0]])
+        part.failed.sort(key=lambda item: order[item[0]])
+        return part
+
+    def _receive(self, conn: Connection) -> RoundPart:
+        header = json.loads(conn.recv_bytes())
+        if "error" in header:
+            raise WorkerFailed(header["error"])
+        for row in header["ledger"]:
+            self.pipeline.channel.ledger.add_row(row)
+        accumulated = _decode_partial(
+            header["partial"], [decode(conn.recv_bytes()) for _ in range(header["blobs"])]
+        )
+        return RoundPart(
+            accumulated,
+            header["accepted"],
+            [tuple(r) for r in header["rejected"]],
+            [tuple(f) for f in header["failed"]],
+            header["losses"],
+            {int(c): info for c, info in header["client_info"].items()},
+        )
+
+    def close(self) -> None:
+        for process, conn in self._workers:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                conn.send_bytes(b"{}")  # an empty request: stop
+            process.join(timeout=5)
+            if process.is_alive():
+                process.terminate()
+        self._workers = []
+
+
+def balance(clients: Sequence[int], sizes: Sequence[int], workers: int) -> list[list[int]]:
+    """Greedy longest-processing-time split: each client (largest first) to the least-loaded worker."""
+    loads, shares = [0] * workers, [[] for _ in range(workers)]
+    for size, client in sorted(zip(sizes, clients, strict=True), key=lambda sc: (-sc[0], sc[1])):
+        lightest = loads.index(min(loads))
+        shares[lightest].append(client)
+        loads[lightest] += size
+    return [sorted(share, key=list(clients).index) for share in shares]
+
+
+# ----- the wire between processes: JSON headers and codec blobs -----
+def _send_request(
+    conn: Connection,
+    round: int,
+    clients: list[int],
+    downlink: Mapping[int, Message | None],
+    spec: Mapping[str, tuple[int, ...]],
+) -> None:
+    distinct: list[Message] = []
+    which: dict[str, int | None] = {}
+    for client in clients:
+        message = downlink.get(client)
+        if message is None:
+            which[str(client)] = None
+            continue
+        index = next((i for i, m in enumerate(distinct) if m is message), None)  # a broadcast is sent once
+        if index is None:
+            distinct.append(message)
+            index = len(distinct) - 1
+        which[str(client)] = index
+    header = {
+        "round": round,
+        "clients": clients,
+        "downlink": which,
+        "blobs": len(distinct),
+        "spec": {k: list(v) for k, v in spec.items()},
+    }
+    conn.send_bytes(json.dumps(header).encode())
+    for message in distinct:
+        conn.send_bytes(encode(message))
+
+
+def _encode_partial(partial: Any) -> tuple[dict[str, Any], list[bytes]]:
+    if isinstance(partial, list):  # the default accumulation: the arrivals themselves
+        return {"kind": "arrivals", "clients": [a.client for a in partial]}, [
+            encode(a.message) for a in partial
+        ]
+    if dataclasses.is_dataclass(partial):
+        cls = type(partial)
+        return {"kind": "packed", "class": f"{cls.__module__}:{cls.__qualname__}"}, [encode(pack(partial))]
+    raise TypeError(f"cannot send a partial aggregate of type {type(partial).__name__} between processes")
+
+
+def _decode_partial(header: dict[str, Any], messages: list[Message]) -> Any:
+    if header["kind"] == "arrivals":
+        return [Arrival(c, m) for c, m in zip(header["clients"], messages, strict=True)]
+    module, name = header["class"].split(":")
+    if not module.startswith("taciturn."):
+        raise ValueError(f"refusing to build {header['class']}: partial aggregates come from taciturn")
+    return unpack(getattr(importlib.import_module(module), name), messages[0])
+
+
+def _work(conn: Connection, pipeline: ClientPipeline) -> None:
+    """A worker's loop: serve shares until told to stop."""
+    torch.set_num_threads(1)
+    logging.getLogger("taciturn").handlers.clear()  # the main process owns the run log
+    drop = pipeline.channel.drop
+    trainer = LoopTrainer()
+    while True:
+        try:
+            request = json.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        if not request:
+            return
+        try:
+            messages = [decode(conn.recv_bytes()) for _ in range(request["blobs"])]
+            downlink = {int(c): None if i is None else messages[i] for c, i in request["downlink"].items()}
+            pipeline.channel = Channel(Ledger(), pipeline.streams, drop[Direction.UP], drop[Direction.DOWN])
+            spec = {k: tuple(v) for k, v in request["spec"].items()}
+            part = pipeline.serve(request["round"], request["clients"], downlink, spec, trainer)
+            partial, blobs = _encode_partial(part.accumulated)
+            header = {
+                "partial": partial,
+                "blobs": len(blobs),
+                "ledger": pipeline.channel.ledger.rows(),
+                "accepted": part.accepted,
+                "rejected": part.rejected,
+                "failed": part.failed,
+                "losses": part.losses,
+                "client_info": {str(c): info for c, info in part.client_info.items()},
+            }
+        except Exception:
+            conn.send_bytes(json.dumps({"error": f"worker {os.getpid()}: {traceback.format_exc()}"}).encode())
+            continue
+        conn.send_bytes(json.dumps(header).encode())
+        for blob in blobs:
+            conn.send_bytes(blob)

@@ -1,0 +1,93 @@
+"""Turn the config's [engine] table into an executor and a client-state store, saying why."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from taciturn.algorithms.base import Algorithm
+from taciturn.core.channel import Channel
+from taciturn.core.disk_store import DiskStateStore
+from taciturn.core.rng import Streams
+from taciturn.core.state_store import ClientStateStore, MemoryStateStore
+from taciturn.data.federated import FederatedData
+from taciturn.engine import choice
+from taciturn.engine.executor import Executor, SequentialExecutor
+from taciturn.engine.federation import Federation
+from taciturn.engine.parallel import ParallelExecutor
+from taciturn.engine.pipeline import ClientPipeline
+from taciturn.engine.vectorized import VectorizedExecutor
+from taciturn.experiments.config import ConfigError, RunConfig
+from taciturn.tasks.base import Task
+
+DISK_STORE_CLIENTS = 1000  # with more stateful clients than this, "auto" keeps their state on disk
+
+
+def choose_executor(config: RunConfig, task: Task, data: FederatedData) -> choice.Choice:
+    engine = config.engine
+    weighted = getattr(task, "weighted_batches", False)
+    if engine.executor == "vectorized" and not weighted:
+        raise ConfigError("[engine.executor] 'vectorized' needs a task whose loss takes sample weights")
+    if engine.executor != "auto":
+        workers = engine.workers or choice.available_cores()
+        return choice.Choice(
+            engine.executor, workers if engine.executor == "parallel" else 0, "set in the config"
+        )
+    local = config.algorithm.local
+    clients = config.algorithm.clients_per_round(data.num_clients)
+    mean_size = data.num_samples / data.num_clients
+    steps = local.steps or local.epochs * math.ceil(mean_size / local.batch_size)
+    first = data.client_indices(
+        int(np.argmax([data.client_size(c) for c in range(min(data.num_clients, 50))]))
+    )
+    batch = data.batch(first[: local.batch_size])
+    picked = choice.choose(task, batch, clients, steps, weighted)
+    if engine.workers and picked.executor == "parallel":
+        picked = choice.Choice("parallel", engine.workers, picked.reason)
+    return picked
+
+
+def build_store(
+    config: RunConfig, algorithm: Algorithm, executor: str, out: Path, num_clients: int
+) -> ClientStateStore:
+    wanted = config.engine.store
+    if wanted == "auto":
+        stateful = algorithm.keeps_client_state
+        wanted = (
+            "disk" if stateful and (executor == "parallel" or num_clients >= DISK_STORE_CLIENTS) else "memory"
+        )
+    if wanted == "disk":
+        return DiskStateStore(Path(out) / "client_state.bin", num_clients)
+    return MemoryStateStore()
+
+
+def build_federation(
+    config: RunConfig,
+    algorithm: Algorithm,
+    task: Task,
+    data: FederatedData,
+    channel: Channel,
+    streams: Streams,
+    out: Path,
+) -> tuple[Federation, ClientStateStore, str]:
+    if config.engine.threads:
+        torch.set_num_threads(config.engine.threads)
+    picked = choose_executor(config, task, data)
+    store = build_store(config, algorithm, picked.executor, out, data.num_clients)
+    pipeline = ClientPipeline(algorithm, channel, store, streams, data, task.loss)
+    executor: Executor
+    if picked.executor == "parallel":
+        try:
+            executor = ParallelExecutor(pipeline, picked.workers)
+        except ValueError as error:
+            raise ConfigError(f"[engine] {error}") from None
+    elif picked.executor == "vectorized":
+        executor = VectorizedExecutor(pipeline)
+    else:
+        executor = SequentialExecutor(pipeline)
+    workers = f" with {picked.workers} workers" if picked.workers else ""
+    note = f"executor: {picked.executor}{workers} ({picked.reason}); client state: {type(store).__name__}"
+    return Federation(algorithm, executor, streams, data), store, note
