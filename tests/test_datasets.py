@@ -93,3 +93,17 @@ def test_models_have_the_published_sizes():
     assert count(build_model("cnn", (1, 28, 28), 10)) == 1_663_370  # McMahan et al.'s CNN
     assert count(build_model("cnn", (1, 28, 28), 10, padding="valid")) == 582_026
     assert count(build_model("logreg", (1, 28, 28), 10)) == 7_850
+
+
+@pytest.mark.parametrize(("kind", "options"), [("mlp", {"hidden": (200, 200)}), ("cnn", {}), ("logreg", {})])
+def test_fast_forward_is_bit_identical_to_the_module(kind, options):
+    import torch
+
+    from taciturn.tasks.functional import sequential_forward
+    from taciturn.tasks.models import build_model
+
+    model = build_model(kind, (1, 28, 28), 10, **options)
+    forward = sequential_forward(model)
+    x = torch.randn(7, 1, 28, 28)
+    assert torch.equal(forward(dict(model.named_parameters()), x), model(x))
+    assert sequential_forward(torch.nn.Sequential(torch.nn.LayerNorm(3))) is None  # unknown layer: fall back

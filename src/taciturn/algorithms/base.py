@@ -89,9 +89,15 @@ class ClientContext:
         return [indices[positions] for positions in plan]
 
     def batches(self, config: LocalConfig) -> Iterator[Any]:
-        """This client's minibatches for this round."""
-        for indices in self.batch_indices(config):
-            yield self.data.batch(indices)
+        """This client's minibatches for this round, gathered in one go and handed out as views."""
+        plan = self.batch_indices(config)
+        if not plan:
+            return
+        gathered = self.data.batch(np.concatenate(plan))
+        start = 0
+        for indices in plan:
+            yield tuple(part[start : start + len(indices)] for part in gathered)
+            start += len(indices)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from torch import nn
 from torch.func import functional_call
 
 from taciturn.core.params import Params
+from taciturn.tasks.functional import sequential_forward
 
 Batch = tuple[torch.Tensor, ...]  # (x, y) or (x, y, sample weight)
 
@@ -28,6 +29,7 @@ class ClassificationTask:
         if any(True for _ in model.buffers()):
             raise ValueError("models with buffers (e.g. BatchNorm statistics) are not supported yet")
         self.model = model
+        self._forward = sequential_forward(model)  # None: fall back to functional_call
         self.x_test, self.y_test, self.eval_batch_size = x_test, y_test, eval_batch_size
 
     def init_params(self, generator: torch.Generator) -> Params:
@@ -40,6 +42,8 @@ class ClassificationTask:
         return {name: p.detach().clone() for name, p in self.model.named_parameters()}
 
     def logits(self, params: Params, x: torch.Tensor) -> torch.Tensor:
+        if self._forward is not None:
+            return self._forward(params, x)
         return functional_call(self.model, params, (x,))
 
     def loss(self, params: Params, batch: Batch) -> torch.Tensor:
