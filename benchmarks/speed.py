@@ -281,6 +281,7 @@ def run_workload(name: str, reps: int, quick: bool) -> dict[str, Any]:
                 f"  rep {rep + 1} {impl:<22} {m.wall_s:7.2f} s  rss {m.peak_rss_mb:7.0f} MB  "
                 f"pss {m.peak_pss_mb:7.0f} MB  acc {accuracy[impl]}",
                 highlight=False,
+                soft_wrap=True,
             )
     wall = {impl: statistics.median(m.wall_s for m in ms) for impl, ms in runs.items()}
     result = {
