@@ -91,11 +91,13 @@ def test_silence_costs_zero_bytes():
 
 def test_randomized_variant_sends_z_to_a_fraction_when_silent():
     algorithm = EventADMM(EventADMMConfig(lucky_fraction=0.3))
+    algorithm.use_streams(Streams(0))
     state = algorithm.init_server({"w": torch.zeros(2)}, 10)
     state.broadcast = False
-    sent = algorithm.downlink(state, 2, list(range(10)), np.random.default_rng(0))
+    sent = algorithm.downlink(state, 2, list(range(10)))
     assert len(sent) == 3 and all(isinstance(c, int) for c in sent)
-    assert EventADMM(EventADMMConfig()).downlink(state, 2, list(range(10)), np.random.default_rng(0)) == {}
+    assert sent.keys() == algorithm.downlink(state, 2, list(range(10))).keys()  # drawn from the run's streams
+    assert EventADMM(EventADMMConfig()).downlink(state, 2, list(range(10))) == {}
 
 
 def test_per_agent_rho_is_rho_over_n_p_i():

@@ -139,6 +139,12 @@ class Algorithm(ABC):
 
     def __init__(self, config: AlgorithmConfig):
         self.config = config
+        self.streams: Streams | None = None
+
+    def use_streams(self, streams: Streams) -> None:
+        """The run's seeded streams, given by the federation before the first round: the server
+        draws its own randomness (lucky recipients, shared bases, seeds) from the same streams as clients."""
+        self.streams = streams
 
     # ----- server -----
     @abstractmethod
@@ -152,9 +158,7 @@ class Algorithm(ABC):
         return np.sort(rng.choice(num_clients, size=m, replace=False))
 
     @abstractmethod
-    def downlink(
-        self, state: Any, round: int, clients: Sequence[int], rng: np.random.Generator
-    ) -> Mapping[int, Message | None]:
+    def downlink(self, state: Any, round: int, clients: Sequence[int]) -> Mapping[int, Message | None]:
         """What the server sends each picked client this round (None: stay silent to it)."""
 
     @abstractmethod

@@ -37,7 +37,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from pydantic import Field, model_validator
 
@@ -55,6 +54,7 @@ from taciturn.algorithms.base import (
 )
 from taciturn.core.message import Message
 from taciturn.core.params import Params, add, clone, norm, sq_distance, strip_prefix, sub, with_prefix
+from taciturn.core.rng import SERVER
 
 
 class EventADMMConfig(AlgorithmConfig):
@@ -106,13 +106,14 @@ class EventADMM(Algorithm):
         return EventADMMState(clone(params), copies, clone(params), broadcast=True)  # round 1 syncs z^0
 
     def downlink(
-        self, state: EventADMMState, round: int, clients: Sequence[int], rng: np.random.Generator
+        self, state: EventADMMState, round: int, clients: Sequence[int]
     ) -> dict[int, Message | None]:
         if state.broadcast or self.config.is_reset(round):
             recipients = list(clients)
         else:  # the randomized variant: a few lucky agents hear the current z anyway
             lucky = math.floor(self.config.lucky_fraction * len(clients) + 1e-9)  # floor(C N), as the code
-            recipients = [int(c) for c in rng.choice(clients, size=lucky, replace=False)] if lucky else []
+            rng = self.streams.numpy(round, SERVER, "lucky") if lucky else None
+            recipients = [int(c) for c in rng.choice(clients, size=lucky, replace=False)] if rng else []
         z = Message.from_tensors(state.z)
         return dict.fromkeys(recipients, z)
 

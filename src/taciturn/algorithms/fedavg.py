@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
 from pydantic import Field
 
 from taciturn.algorithms.base import (
@@ -60,9 +59,7 @@ class FedAvg(Algorithm):
     def init_server(self, params: Params, num_clients: int) -> FedAvgState:
         return FedAvgState(clone(params))
 
-    def downlink(
-        self, state: FedAvgState, round: int, clients: Sequence[int], rng: np.random.Generator
-    ) -> dict[int, Message]:
+    def downlink(self, state: FedAvgState, round: int, clients: Sequence[int]) -> dict[int, Message]:
         broadcast = Message.from_tensors(state.params)  # one object: the channel encodes it once
         return dict.fromkeys(clients, broadcast)
 

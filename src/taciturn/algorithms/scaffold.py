@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from pydantic import Field
 
@@ -95,9 +94,7 @@ class Scaffold(Algorithm):
     def init_server(self, params: Params, num_clients: int) -> ScaffoldState:
         return ScaffoldState(clone(params), zeros_like(params))
 
-    def downlink(
-        self, state: ScaffoldState, round: int, clients: Sequence[int], rng: np.random.Generator
-    ) -> dict[int, Message]:
+    def downlink(self, state: ScaffoldState, round: int, clients: Sequence[int]) -> dict[int, Message]:
         both = Message.from_tensors({**with_prefix("x", state.params), **with_prefix("c", state.control)})
         return dict.fromkeys(clients, both)
 

@@ -44,7 +44,7 @@ class Federation:
                 state, round, self.data.num_clients, self.streams.numpy(round, SERVER, "select")
             )
         ]
-        downlink = algorithm.downlink(state, round, selected, self.streams.numpy(round, SERVER, "downlink"))
+        downlink = algorithm.downlink(state, round, selected)
         part = self.executor.serve(round, selected, downlink, algorithm.uplink_spec(state))
         report = RoundReport(
             round,

@@ -64,6 +64,7 @@ class ClientPipeline:
         loss: Loss,
     ):
         self.algorithm = algorithm
+        algorithm.use_streams(streams)  # before any worker forks: every copy of the algorithm has them
         self.channel = channel
         self.store = store
         self.streams = streams
