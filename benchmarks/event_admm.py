@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
-import shutil
 import json
 import math
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
