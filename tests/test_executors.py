@@ -14,6 +14,7 @@ TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 
 ALGORITHMS = [
     {"name": "fedavg", "local": {"momentum": 0.9, "clip_norm": 0.5, "weight_decay": 1e-3}},
+    {"name": "fedavg"},  # plain SGD on a ReLU network: the vectorized executor's low-rank path
     {"name": "fedprox", "mu": 0.1},
     {"name": "scaffold", "local": {"momentum": 0.5}},
     {"name": "scaffold", "option": "I"},
@@ -22,10 +23,11 @@ ALGORITHMS = [
 ]
 
 
-def run(tmp_path, executor_class, algorithm, rounds=3, store="memory"):
+def run(tmp_path, executor_class, algorithm, rounds=3, store="memory", model=None):
     tmp_path = tmp_path / executor_class.__name__ if hasattr(executor_class, "__name__") else tmp_path / "x"
     config = tiny_config(
         engine={"executor": "sequential", "store": store},
+        model=model or {"kind": "logreg"},
         algorithm={
             "fraction": 0.5,
             **algorithm,
@@ -64,6 +66,25 @@ def test_vectorized_agrees_with_sequential(tmp_path, algorithm):
     for client in ref_pipe.store.clients():
         for key, value in ref_pipe.store.get(client).items():
             torch.testing.assert_close(vec_pipe.store.get(client)[key], value, **TOLERANCE)
+
+
+@pytest.mark.parametrize("hidden", [[16], [16, 8]])
+def test_low_rank_path_agrees_with_sequential_on_mlps(tmp_path, hidden):
+    from taciturn.engine import lowrank
+
+    mlp = {"kind": "mlp", "hidden": hidden}
+    algorithm = {"name": "fedavg", "fraction": 1.0, "local": {"lr": 0.2}}
+    reference, _, _ = run(tmp_path, SequentialExecutor, algorithm, model=mlp)
+    calls = []
+    original = lowrank.train_group
+    lowrank.train_group = lambda *a: calls.append(1) or original(*a)
+    try:
+        vectorized, _, _ = run(tmp_path, VectorizedExecutor, algorithm, model=mlp)
+    finally:
+        lowrank.train_group = original
+    assert calls  # the low-rank path was taken
+    for name in reference:
+        torch.testing.assert_close(vectorized[name], reference[name], **TOLERANCE)
 
 
 def test_clients_with_fewer_steps_are_masked_not_padded(tmp_path):

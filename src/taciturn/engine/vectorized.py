@@ -11,7 +11,9 @@ takes an extra step. Results agree with the sequential executor up to floating-p
 order (tests/test_executors.py states the tolerance).
 
 On a GPU this is where most of the speed comes from; on a small CPU, distinct weights per client
-make each step a small matrix product, so measure before choosing it (benchmarks/speed.py).
+make each step a small matrix product, so measure before choosing it (benchmarks/speed.py). For
+plain FedAvg on a ReLU MLP the executor uses exact shared-weight algebra instead of vmap
+(engine/lowrank.py), which reads no per-client weights during the local steps.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from torch.func import grad_and_value, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from taciturn.algorithms.base import Algorithm, ClientContext, LocalConfig, LocalTraining, TrainResult
+from taciturn.engine import lowrank
 from taciturn.engine.executor import Executor
 from taciturn.engine.pipeline import RoundPart
 
@@ -37,8 +40,9 @@ class VmapTrainer:
         results: list[TrainResult | Exception | None] = [None] * len(items)
         for positions in _groups(items).values():
             group = [items[i] for i in positions]
+            method = lowrank.train_group if lowrank.eligible(algorithm, group) else train_group
             try:
-                trained = train_group(algorithm, group, algorithm.config.local)
+                trained = method(algorithm, group, algorithm.config.local)
             except Exception as error:  # the whole group fails together
                 trained = [error] * len(group)
             for i, result in zip(positions, trained, strict=True):

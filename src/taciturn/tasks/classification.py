@@ -14,7 +14,7 @@ from torch import nn
 from torch.func import functional_call
 
 from taciturn.core.params import Params
-from taciturn.tasks.functional import sequential_forward
+from taciturn.tasks.functional import mlp_layers, sequential_forward
 
 Batch = tuple[torch.Tensor, ...]  # (x, y) or (x, y, sample weight)
 
@@ -30,6 +30,7 @@ class ClassificationTask:
             raise ValueError("models with buffers (e.g. BatchNorm statistics) are not supported yet")
         self.model = model
         self._forward = sequential_forward(model)  # None: fall back to functional_call
+        self.mlp = mlp_layers(model)  # (weight, bias) names if the model is a plain ReLU MLP
         self.x_test, self.y_test, self.eval_batch_size = x_test, y_test, eval_batch_size
 
     def init_params(self, generator: torch.Generator) -> Params:

@@ -60,3 +60,22 @@ def sequential_forward(model: nn.Module) -> Callable[[Params, torch.Tensor], tor
         return x
 
     return forward
+
+
+def mlp_layers(model: nn.Module) -> list[tuple[str, str | None]] | None:
+    """(weight, bias) names of a Sequential [Flatten], Linear, ReLU, ..., Linear, else None."""
+    if not isinstance(model, nn.Sequential):
+        return None
+    children = list(model.named_children())
+    if children and isinstance(children[0][1], nn.Flatten):
+        children = children[1:]
+    if len(children) % 2 == 0:
+        return None
+    layers = []
+    for i, (name, module) in enumerate(children):
+        wanted = nn.Linear if i % 2 == 0 else nn.ReLU
+        if not isinstance(module, wanted):
+            return None
+        if wanted is nn.Linear:
+            layers.append((f"{name}.weight", f"{name}.bias" if module.bias is not None else None))
+    return layers
