@@ -144,7 +144,12 @@ def test_balance_spreads_work_evenly():
     [
         ({"all_threads": 1.0, "one_thread": 1.9}, 2, 10, "sequential"),  # threads already scale
         ({"all_threads": 1.0, "one_thread": 1.2}, 2, 10, "parallel"),  # they do not: use processes
-        ({"all_threads": 1.0, "one_thread": 1.2, "vmap": 2.0, "vmap_clients": 8}, 2, 10, "vectorized"),
+        (
+            {"all_threads": 1.0, "one_thread": 1.2, "vectorized": 2.0, "vectorized_clients": 8},
+            2,
+            10,
+            "vectorized",
+        ),
         ({"all_threads": 1.0, "one_thread": 1.2}, 1, 10, "sequential"),  # one core
         ({"all_threads": 1.0, "one_thread": 1.2}, 2, 1, "sequential"),  # one client a round
     ],
@@ -152,16 +157,10 @@ def test_balance_spreads_work_evenly():
 def test_executor_choice_follows_the_measurements(monkeypatch, timing, cores, clients, expected):
     from taciturn.engine import choice
 
-    monkeypatch.setattr(
-        choice,
-        "_probe",
-        lambda *a: (
-            {k: v * 1e-3 for k, v in timing.items()}
-            | ({"vmap_clients": timing["vmap_clients"]} if "vmap_clients" in timing else {})
-        ),
-    )
+    timing = {k: v if k == "vectorized_clients" else v * 1e-3 for k, v in timing.items()}
+    monkeypatch.setattr(choice, "_probe", lambda *a: timing)
     monkeypatch.setattr(choice, "available_cores", lambda: cores)
-    picked = choice.choose(None, (torch.zeros(1),), clients, steps=20, weighted_batches=True)
+    picked = choice.choose(None, (torch.zeros(1),), clients, steps=20, vectorized="vmap")
     assert picked.executor == expected
     assert picked.reason  # always says why
 

@@ -10,7 +10,8 @@ The estimated round times then decide:
 
     sequential  ~ C * K * t_all                (one client after another, all threads)
     parallel    ~ C * K * t_one / W + o        (W single-thread workers, W = cores; o per round)
-    vectorized  ~ K * t_vmap(C)                (one vmapped step for all C clients)
+    vectorized  ~ K * t_vmap(C)                (one vmapped step for all C clients; for plain FedAvg on
+                                               a ReLU MLP, 1.5 x one step on all C clients' rows)
 with C clients a round taking K local steps each.
 
 A GPU always gets the vectorized executor; one core or one client per round, the sequential one.
@@ -33,6 +34,7 @@ PROBE_STEPS = 8
 PROBE_CLIENTS = 8
 PARALLEL_MARGIN = 0.9  # parallel must promise at least a 10% saving to pay for its processes
 PARALLEL_ROUND_OVERHEAD_S = 0.004  # sending a share and receiving a partial, per round (benchmarks/speed.py)
+LOWRANK_OVERHEAD = 1.5  # low-rank corrections and bookkeeping on top of the shared product
 
 
 @dataclass(frozen=True)
@@ -47,33 +49,35 @@ def available_cores() -> int:
 
 
 def choose(
-    task: Task, batch: tuple[torch.Tensor, ...], clients_per_round: int, steps: float, weighted_batches: bool
+    task: Task, batch: tuple[torch.Tensor, ...], clients_per_round: int, steps: float, vectorized: str
 ) -> Choice:
+    """``vectorized``: how the vectorized executor would train these clients ("vmap", "lowrank"
+    for plain FedAvg on a ReLU MLP, engine/lowrank.py) or "none" if it cannot."""
     cores = available_cores()
-    if torch.cuda.is_available() and weighted_batches:
+    if torch.cuda.is_available() and vectorized != "none":
         return Choice("vectorized", 0, "a GPU is present: all clients' local steps in one vmapped call")
     if cores < 2:
         return Choice("sequential", 0, "one CPU core: nothing to run in parallel")
     if clients_per_round < 2:
         return Choice("sequential", 0, "one client per round: nothing to run in parallel")
-    timing = _probe(task, batch, min(clients_per_round, PROBE_CLIENTS), cores, weighted_batches)
+    timing = _probe(task, batch, min(clients_per_round, PROBE_CLIENTS), cores, vectorized)
     c = clients_per_round
     workers = min(cores, c)
     estimates = {
         "sequential": c * steps * timing["all_threads"],
         "parallel": c * steps * timing["one_thread"] / workers + PARALLEL_ROUND_OVERHEAD_S,
     }
-    if "vmap" in timing:
-        estimates["vectorized"] = steps * timing["vmap"] * c / timing["vmap_clients"]
     measured = (
         f"one local step takes {timing['all_threads'] * 1e3:.2f} ms with {cores} threads and "
         f"{timing['one_thread'] * 1e3:.2f} ms with one"
-        + (
-            f"; a vmapped step over {timing['vmap_clients']} clients {timing['vmap'] * 1e3:.2f} ms"
-            if "vmap" in timing
-            else ""
-        )
     )
+    if "vectorized" in timing:
+        per_client = timing["vectorized"] / timing["vectorized_clients"]
+        estimates["vectorized"] = (
+            steps * c * per_client * (LOWRANK_OVERHEAD if vectorized == "lowrank" else 1.0)
+        )
+        what = "one step on their stacked batches" if vectorized == "lowrank" else "a vmapped step"
+        measured += f"; {what} for {timing['vectorized_clients']} clients {timing['vectorized'] * 1e3:.2f} ms"
     best = min(estimates, key=estimates.get)
     if best == "parallel" and estimates["parallel"] > PARALLEL_MARGIN * estimates["sequential"]:
         best = "sequential"
@@ -82,7 +86,7 @@ def choose(
     return Choice(best, workers if best == "parallel" else 0, reason)
 
 
-def _probe(task: Task, batch: tuple[torch.Tensor, ...], clients: int, cores: int, vmap_ok: bool) -> dict:
+def _probe(task: Task, batch: tuple[torch.Tensor, ...], clients: int, cores: int, vectorized: str) -> dict:
     params = task.init_params(torch.Generator().manual_seed(0))
     previous = torch.get_num_threads()
     timing: dict[str, float] = {}
@@ -91,9 +95,14 @@ def _probe(task: Task, batch: tuple[torch.Tensor, ...], clients: int, cores: int
             torch.set_num_threads(threads)
             timing[label] = _time_steps(task, params, batch)
         torch.set_num_threads(cores)
-        if vmap_ok:
-            timing["vmap"] = _time_vmap(task, params, batch, clients)
-            timing["vmap_clients"] = clients
+        if vectorized == "vmap":
+            timing["vectorized"] = _time_vmap(task, params, batch, clients)
+        elif vectorized == "lowrank":  # the shared product dominates: one step on all clients' rows
+            timing["vectorized"] = _time_steps(
+                task, params, tuple(b.repeat(clients, *[1] * (b.dim() - 1)) for b in batch)
+            )
+        if vectorized != "none":
+            timing["vectorized_clients"] = clients
     finally:
         torch.set_num_threads(previous)
     return timing

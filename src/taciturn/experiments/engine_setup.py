@@ -26,7 +26,9 @@ from taciturn.tasks.base import Task
 DISK_STORE_CLIENTS = 1000  # with more stateful clients than this, "auto" keeps their state on disk
 
 
-def choose_executor(config: RunConfig, task: Task, data: FederatedData) -> choice.Choice:
+def choose_executor(
+    config: RunConfig, algorithm: Algorithm, task: Task, data: FederatedData
+) -> choice.Choice:
     engine = config.engine
     weighted = getattr(task, "weighted_batches", False)
     if engine.executor == "vectorized" and not weighted:
@@ -44,7 +46,13 @@ def choose_executor(config: RunConfig, task: Task, data: FederatedData) -> choic
         int(np.argmax([data.client_size(c) for c in range(min(data.num_clients, 50))]))
     )
     batch = data.batch(first[: local.batch_size])
-    picked = choice.choose(task, batch, clients, steps, weighted)
+    plain_sgd = not (local.momentum or local.weight_decay or local.clip_norm is not None)
+    plain_objective = type(algorithm).objective is Algorithm.objective
+    if getattr(task, "mlp", None) and plain_sgd and plain_objective:
+        vectorized = "lowrank"
+    else:
+        vectorized = "vmap" if weighted else "none"
+    picked = choice.choose(task, batch, clients, steps, vectorized)
     if engine.workers and picked.executor == "parallel":
         picked = choice.Choice("parallel", engine.workers, picked.reason)
     return picked
@@ -75,7 +83,7 @@ def build_federation(
 ) -> tuple[Federation, ClientStateStore, str]:
     if config.engine.threads:
         torch.set_num_threads(config.engine.threads)
-    picked = choose_executor(config, task, data)
+    picked = choose_executor(config, algorithm, task, data)
     store = build_store(config, algorithm, picked.executor, out, data.num_clients)
     pipeline = ClientPipeline(algorithm, channel, store, streams, data, task.loss)
     executor: Executor
