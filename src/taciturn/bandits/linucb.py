@@ -10,10 +10,9 @@ at least 1 - delta, for all times, ||theta_hat - theta||_A <= beta(A) with
 R the sub-Gaussian scale of the noise and S >= ||theta||. OFUL pulls the arm maximising
 <theta_hat, x> + beta(A) ||x||_{A^-1}.
 
-``Confidence.scale`` multiplies beta wherever it is used: in the bonus here and in the
-separation tests (separation.py). scale = 1 is the theory, whose radius is conservative by a
-large constant factor; bandit experiments tune this factor (bandpy's ``alpha``), and one factor
-for both uses keeps BASS at one knob, like the baselines.
+``Confidence.scale`` multiplies beta. scale = 1 is the theory, whose radius is conservative by a
+large constant factor; bandit experiments tune the factor of the bonus (bandpy's ``alpha``). The
+separation tests (separation.py) take their own Confidence, with their own scale.
 
 The authors' package (bandpy, ``_criterions._f_ucb``) uses the bonus
 alpha * sqrt(log(t + 1)) ||x||_{A^-1} with t the global clock instead of beta(A). We use beta(A) of the data

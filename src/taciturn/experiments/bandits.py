@@ -12,6 +12,7 @@ plots/, report.html, run.log
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import logging
 import os
@@ -71,7 +72,7 @@ def environment(config: BanditsConfig, seed: int) -> Environment:
 def rule(config: BanditsConfig, name: str, problem: Problem, confidence: Confidence) -> SharingRule:
     reps, agents = problem.repetitions, problem.agents
     if name == "bass":
-        return Bass(reps, agents, confidence, config.bass.test)
+        return Bass(reps, agents, dataclasses.replace(confidence, scale=config.bass.scale), config.bass.test)
     if name == "club":
         return Club(reps, agents, config.club.gamma)
     if name == "sclub":
