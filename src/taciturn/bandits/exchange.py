@@ -9,8 +9,9 @@ their own copy of their pool, so nobody waits for the server to choose an arm.
 Each repetition (an independent run) has its own Channel, Ledger and seeded streams: messages
 are encoded (safetensors), counted and may be dropped exactly as in a federated run. A dropped
 sample leaves the receiver's pool without it until its next resync; a dropped upload never
-reaches the server. The ledger's ``round`` is the step; ``close_block`` folds a block of steps
-into one row per (agent, direction), which is what the run directory keeps.
+reaches the server. The channel is told the step (drops are drawn per step, agent and direction)
+and the ledger sums blocks of ``block`` steps: one row per (block, agent, direction), which is what
+the run directory keeps.
 """
 
 from __future__ import annotations
@@ -36,9 +37,20 @@ def pool_message(gram: np.ndarray, b: np.ndarray) -> Message:
     return Message(arrays={"gram": gram, "b": b})
 
 
+class BlockLedger(Ledger):
+    """A ledger whose rounds are blocks of ``block`` steps (the channel passes the step as the round)."""
+
+    def __init__(self, block: int):
+        super().__init__()
+        self.block = block
+
+    def record(self, round: int, client: int, direction: Direction, nbytes: int, delivered: bool) -> None:
+        super().record(round // self.block, client, direction, nbytes, delivered)
+
+
 class Exchange:
-    def __init__(self, seeds: list[int], drop_up: float = 0.0, drop_down: float = 0.0):
-        self.channels = [Channel(Ledger(), Streams(seed), drop_up, drop_down) for seed in seeds]
+    def __init__(self, seeds: list[int], drop_up: float = 0.0, drop_down: float = 0.0, block: int = 1):
+        self.channels = [Channel(BlockLedger(block), Streams(seed), drop_up, drop_down) for seed in seeds]
         # cumulative traffic per repetition, direction (up, down) and field (FIELDS)
         self.traffic = np.zeros((len(seeds), len(DIRECTIONS), len(FIELDS)), dtype=np.int64)
         self._uploaded: list[Message | None] = [None] * len(seeds)
@@ -46,7 +58,7 @@ class Exchange:
     def upload(self, step: int, rep: int, agent: int, x: np.ndarray, reward: float) -> np.ndarray | None:
         """The sample as the server received it, or None if the upload was dropped."""
         self._uploaded[rep] = sample_message(x, reward)
-        arrived = self.channels[rep].send(Direction.UP, step, agent, self._uploaded[rep])
+        arrived = self.channels[rep].send(Direction.UP, step, int(agent), self._uploaded[rep])
         return None if arrived is None else arrived.arrays["sample"]
 
     def forward(self, step: int, rep: int, agents: np.ndarray) -> tuple[list[int], np.ndarray | None]:
@@ -64,17 +76,15 @@ class Exchange:
         arrived = self.channels[rep].send(Direction.DOWN, step, agent, pool_message(gram, b))
         return None if arrived is None else (arrived.arrays["gram"], arrived.arrays["b"])
 
-    def close_block(self, last_step: int) -> list[list[dict]]:
-        """Per repetition, one row per (agent, direction) for the steps up to ``last_step``.
-
-        Adds them to ``traffic`` and lets the ledgers forget their per-step rows.
-        """
+    def close_block(self) -> list[list[dict]]:
+        """Per repetition, the ledger rows (client, direction, FIELDS) since the last call, summed
+        over blocks; they are added to ``traffic`` and the ledgers forget them."""
         blocks = []
         for rep, channel in enumerate(self.channels):
             folded: dict[tuple[int, str], np.ndarray] = defaultdict(lambda: np.zeros(len(FIELDS), np.int64))
             for row in channel.ledger.rows():
                 folded[(row["client"], row["direction"])] += [row[f] for f in FIELDS]
-            channel.ledger.forget_before(last_step + 1)
+            channel.ledger.forget_before(np.iinfo(np.int64).max)
             rows = []
             for (client, direction), counts in sorted(folded.items()):
                 self.traffic[rep, [d.value for d in DIRECTIONS].index(direction)] += counts

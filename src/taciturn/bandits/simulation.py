@@ -134,7 +134,7 @@ class Simulation:
 
     def record(self) -> tuple[dict, list[list[dict]]]:
         """Numbers per repetition after ``step`` steps, and the ledger rows since the last record."""
-        ledger_rows = self.exchange.close_block(self.step - 1)
+        ledger_rows = self.exchange.close_block()
         up, down = self.exchange.traffic[:, 0], self.exchange.traffic[:, 1]
         row = {
             "t": self.step,

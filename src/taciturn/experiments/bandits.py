@@ -105,7 +105,7 @@ def build(config: BanditsConfig) -> dict[str, Simulation]:
             problem,
             rule(config, name, problem, confidence),
             confidence,
-            Exchange(config.seeds, config.channel.drop_up, config.channel.drop_down),
+            Exchange(config.seeds, config.channel.drop_up, config.channel.drop_down, config.record_every),
         )
         for name in config.methods
     }
