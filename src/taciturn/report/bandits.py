@@ -108,7 +108,7 @@ def summary_rows(rows: list[dict]) -> list[dict]:
             {
                 "method": method,
                 "t": int(c["t"][-1]),
-                "regret": f"{regret.mean():.1f} ± {regret.std():.1f}",
+                "regret": f"{regret.mean():.0f} ± {regret.std():.0f}",
                 "MB up": f"{c['bytes_up'][-1].mean() / 1e6:.3f}",
                 "MB down": f"{c['bytes_down'][-1].mean() / 1e6:.3f}",
                 "messages": f"{(c['messages_up'][-1] + c['messages_down'][-1]).mean():.0f}",
