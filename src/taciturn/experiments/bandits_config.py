@@ -76,7 +76,7 @@ EnvironmentConfig = Annotated[
 class LinUcbConfig(StrictModel):
     """The optimistic arm choice every method shares, and the confidence radius (bandits/linucb.py)."""
 
-    alpha: float = Field(0.5, gt=0, description="scale of the confidence radius in the bonus (1 = theory)")
+    alpha: float = Field(0.25, gt=0, description="scale of the confidence radius in the bonus (1 = theory)")
     lam: float = Field(1.0, gt=0, description="ridge regularisation")
     delta: float = Field(0.01, gt=0, lt=1, description="confidence level of the radius")
     noise_bound: float | None = Field(None, ge=0, description="R; default: the environment's noise")
@@ -90,7 +90,7 @@ class BassConfig(StrictModel):
         "mahalanobis", description="bias-vs-uncertainty test, or the authors' exact ellipsoid overlap"
     )
     scale: float = Field(
-        0.5, gt=0, description="scale of the confidence radius in the test (1 = theory: level delta)"
+        0.35, gt=0, description="scale of the confidence radius in the test (1 = theory: level delta)"
     )
 
 
