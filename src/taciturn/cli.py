@@ -121,11 +121,13 @@ def _existing_run(path: str):
 def _print_summary(rundir) -> None:
     from taciturn.report.html import summary
 
-    s = summary(rundir.read_metrics())
-    console.print(
-        f"[bold green]done[/]: final accuracy {s.get('final accuracy')}, {s.get('MB up')} MB up, "
-        f"{s.get('MB down')} MB down, {s.get('wall s')} s"
-    )
+    rows = rundir.read_metrics()
+    if rows and "accuracy" in rows[-1]:  # other experiment types print their own summary
+        s = summary(rows)
+        console.print(
+            f"[bold green]done[/]: final accuracy {s.get('final accuracy')}, {s.get('MB up')} MB up, "
+            f"{s.get('MB down')} MB down, {s.get('wall s')} s"
+        )
     console.print(f"report: [bold]{rundir.report}[/]")
 
 

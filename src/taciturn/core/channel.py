@@ -8,6 +8,8 @@ how communication failures are simulated. A dropped message is counted as sent, 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from taciturn.core.codec import decode, encode
 from taciturn.core.ledger import Direction, Ledger
 from taciturn.core.message import Message
@@ -30,10 +32,26 @@ class Channel:
             self._encoded = (message, encode(message))
         return self._encoded[1]
 
+    def _deliver(self, direction: Direction, round: int, client: int, nbytes: int) -> bool:
+        p = self.drop[direction]
+        delivered = p == 0.0 or self.streams.numpy(round, client, f"drop-{direction.value}").random() >= p
+        self.ledger.record(round, client, direction, nbytes, delivered)
+        return delivered
+
     def send(self, direction: Direction, round: int, client: int, message: Message) -> Message | None:
         """Send one message between ``client`` and the server; return what arrives, or None if dropped."""
         data = self._encode(message)
-        p = self.drop[direction]
-        delivered = p == 0.0 or self.streams.numpy(round, client, f"drop-{direction.value}").random() >= p
-        self.ledger.record(round, client, direction, len(data), delivered)
-        return decode(data) if delivered else None
+        return decode(data) if self._deliver(direction, round, client, len(data)) else None
+
+    def multicast(
+        self, direction: Direction, round: int, clients: Iterable[int], message: Message
+    ) -> tuple[list[int], Message | None]:
+        """Send one message to each of ``clients``; return the clients it reached and what arrived.
+
+        Every copy is counted and may be dropped exactly as with ``send``; the receivers share one
+        decoded copy (decoding once is what makes forwarding a sample to many agents cheap), so
+        they must not modify it.
+        """
+        data = self._encode(message)
+        reached = [c for c in clients if self._deliver(direction, round, c, len(data))]
+        return reached, decode(data) if reached else None

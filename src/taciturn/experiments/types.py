@@ -17,8 +17,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from taciturn.experiments import runner
+from taciturn.experiments import bandits, runner
+from taciturn.experiments.bandits_config import BanditsConfig
 from taciturn.experiments.config import ConfigError, RunConfig, read_tree, validate
+from taciturn.report import bandits as bandits_report
 from taciturn.report.html import write_report
 from taciturn.report.rundir import RunDir
 
@@ -33,6 +35,7 @@ class ExperimentType:
 
 TYPES: dict[str, ExperimentType] = {
     "federated": ExperimentType(RunConfig, runner.start, runner.resume, write_report),
+    "bandits": ExperimentType(BanditsConfig, bandits.start, bandits.resume, bandits_report.write_report),
 }
 
 

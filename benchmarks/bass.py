@@ -1,0 +1,362 @@
+"""BASS against independent, pooled and oracle LinUCB, CLUB, SCLUB and DynUCB (issue 7).
+
+Synthetic benchmark of the paper / bandpy: K = 10 Gaussian arms in d = 5, N in {2, 6, 18} agents in
+2 or 4 clusters (Gaussian cluster parameters) or with no clusters (theta_i = mu + 0.5 xi_i), T = 10^4
+steps (one agent pulls one arm per step), 10 independent runs. Every method runs through the same
+code as `taciturn run` (experiments/bandits.py): the same environments, schedules and noise per run,
+samples shared as messages through the Channel and counted by the Ledger.
+
+Tuning, the same budget for every method: the UCB bonus is alpha times the theory's confidence
+radius, and the methods that learn whom to share with have one threshold (BASS: the scale of the
+radius in its test; CLUB: gamma; SCLUB: alpha). As the authors do (best alpha of a grid per
+method), each method gets the (alpha, threshold) of the grid with the lowest regret on a pilot
+that uses other seeds (PILOT_SEED...) than the reported runs.
+
+    python benchmarks/bass.py            # full: ~30 min on one core; writes results/bass.json, docs
+    python benchmarks/bass.py --quick    # smoke run of the same code at tiny scale (~1 min)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from taciturn.experiments.bandits import build
+from taciturn.experiments.bandits_config import BanditsConfig
+from taciturn.experiments.config import validate
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = ("bass", "independent", "pooled", "oracle", "club", "sclub", "dynucb")
+EXTRA = ("bass_overlap",)  # BASS with the authors' exact ellipsoid-overlap test instead of ours
+ALPHAS = (0.15, 0.25, 0.4)
+THRESHOLDS = {  # method -> (config table, key, grid)
+    "bass": ("bass", "scale", (0.25, 0.35, 0.5)),
+    "bass_overlap": ("bass", "scale", (0.25, 0.35, 0.5)),
+    "club": ("club", "gamma", (1.0, 2.0, 4.0)),
+    "sclub": ("sclub", "alpha", (1.0, 2.0, 4.0)),
+}
+PILOT_SEED = 1000
+SECTION = "## BASS: multi-agent linear bandits with adaptive sample sharing (issue 7)"
+COMMAND = "flock /tmp/taciturn-cpu.lock env PYTHONPATH=src python benchmarks/bass.py"
+
+FULL = {
+    "agents": (2, 6, 18),
+    "clusters": (2, 4, None),
+    "horizon": 10_000,
+    "repetitions": 10,
+    "record_every": 100,
+    "pilot": {"settings": ("N6_C2", "N6_none", "N18_C2"), "repetitions": 3},
+}
+QUICK = {
+    "agents": (2, 6),
+    "clusters": (2, None),
+    "horizon": 600,
+    "repetitions": 2,
+    "record_every": 50,
+    "pilot": {"settings": ("N6_C2",), "repetitions": 1},
+}
+
+
+def setting_name(agents: int, clusters: int | None) -> str:
+    return f"N{agents}_C{clusters}" if clusters else f"N{agents}_none"
+
+
+def parse_setting(name: str) -> tuple[int, int | None]:
+    agents, clusters = re.fullmatch(r"N(\d+)_(C\d+|none)", name).groups()
+    return int(agents), None if clusters == "none" else int(clusters[1:])
+
+
+def config(setting: str, method: str, variant: tuple, seed: int, scale: dict) -> BanditsConfig:
+    """The bandits config of one method at (alpha, threshold) in one setting."""
+    agents, clusters = parse_setting(setting)
+    alpha, threshold = variant
+    environment = {"num_agents": agents, "num_arms": 10, "dim": 5, "noise": 1.0}
+    if clusters:
+        environment |= {"kind": "clustered", "num_clusters": clusters}
+    else:
+        environment |= {"kind": "unclustered", "spread": 0.5}
+    tree = {
+        "type": "bandits",
+        "name": f"{setting}-{method}",
+        "seed": seed,
+        "repetitions": scale["repetitions"],
+        "horizon": scale["horizon"],
+        "record_every": scale["record_every"],
+        "environment": environment,
+        "methods": ["bass" if method == "bass_overlap" else method],
+        "linucb": {"alpha": alpha},
+        "bass": {"test": "ellipsoid_overlap" if method == "bass_overlap" else "mahalanobis"},
+        "dynucb": {"num_clusters": clusters or 2},  # DynUCB must be told K; without clusters we give it 2
+    }
+    if method in THRESHOLDS:
+        table, key, _ = THRESHOLDS[method]
+        tree[table] = {**tree.get(table, {}), key: threshold}
+    return validate(tree, f"<benchmark {setting} {method}>", BanditsConfig)
+
+
+def grid(method: str) -> list[tuple]:
+    thresholds = THRESHOLDS[method][2] if method in THRESHOLDS else (None,)
+    return [(alpha, threshold) for alpha in ALPHAS for threshold in thresholds]
+
+
+def simulate(config: BanditsConfig, progress: Progress, task) -> dict[str, np.ndarray]:
+    """Run the one method of ``config`` (all its repetitions at once): its records over time."""
+    (simulation,) = build(config).values()
+    started, rows = time.process_time(), [simulation.record()[0]]
+    while simulation.step < config.horizon:
+        simulation.advance(config.record_every)
+        rows.append(simulation.record()[0])
+        progress.advance(task, config.record_every)
+    out = {"t": np.array([r["t"] for r in rows]), "cpu_s": time.process_time() - started}
+    for field in ("regret", "bytes_up", "bytes_down", "messages_up", "messages_down", "f1"):
+        if rows[0][field] is not None:
+            out[field] = np.array([r[field] for r in rows], dtype=float)
+    return out
+
+
+def pilot(scale: dict, progress) -> tuple[dict[str, tuple], dict]:
+    """Each method's (alpha, threshold): the grid point with the lowest mean, over the pilot
+    settings, of regret / (the method's best regret in that setting)."""
+    settings = scale["pilot"]["settings"]
+    pilot_scale = scale | {"repetitions": scale["pilot"]["repetitions"]}
+    methods = METHODS + EXTRA
+    steps = len(settings) * sum(len(grid(m)) for m in methods) * scale["horizon"]
+    task = progress.add_task("pilot", total=steps)
+    regret: dict = {}  # method -> setting -> str(variant) -> mean final regret
+    for method in methods:
+        for setting in settings:
+            for variant in grid(method):
+                r = simulate(config(setting, method, variant, PILOT_SEED, pilot_scale), progress, task)
+                regret.setdefault(method, {}).setdefault(setting, {})[str(variant)] = float(
+                    r["regret"][-1].mean()
+                )
+    chosen = {}
+    for method in methods:
+        mine = regret[method]
+        score = {
+            v: np.mean([mine[s][str(v)] / min(mine[s].values()) for s in settings]) for v in grid(method)
+        }
+        chosen[method] = min(score, key=score.get)
+    return chosen, regret
+
+
+def summarise(results: dict[str, dict]) -> dict:
+    final = lambda field: {  # noqa: E731
+        s: {m: float(r[field][-1].mean()) for m, r in res.items() if field in r} for s, res in results.items()
+    }
+    return {
+        "final_regret": final("regret"),
+        "final_regret_std": {
+            s: {m: float(r["regret"][-1].std()) for m, r in res.items()} for s, res in results.items()
+        },
+        "f1_final": {
+            s: float(res["bass"]["f1"][-1].mean()) for s, res in results.items() if parse_setting(s)[1]
+        },
+        "f1_final_by_method": {s: v for s, v in final("f1").items() if parse_setting(s)[1]},
+        "mb_shared": {
+            s: {m: float((r["bytes_up"][-1] + r["bytes_down"][-1]).mean() / 1e6) for m, r in res.items()}
+            for s, res in results.items()
+        },
+        "messages": {
+            s: {m: float((r["messages_up"][-1] + r["messages_down"][-1]).mean()) for m, r in res.items()}
+            for s, res in results.items()
+        },
+        "cpu_s": {s: {m: round(r["cpu_s"], 1) for m, r in res.items()} for s, res in results.items()},
+    }
+
+
+COLOURS = {
+    "bass": "tab:blue",
+    "bass_overlap": "tab:cyan",
+    "independent": "tab:gray",
+    "pooled": "black",
+    "oracle": "tab:red",
+    "club": "tab:orange",
+    "sclub": "tab:brown",
+    "dynucb": "tab:green",
+}
+
+
+def _band(ax, x, values, method):
+    ax.plot(x, values.mean(axis=1), color=COLOURS[method], label=method, lw=1.5 if method != "bass" else 2.5)
+    low, high = np.percentile(values, [10, 90], axis=1)
+    ax.fill_between(x, low, high, color=COLOURS[method], alpha=0.12)
+
+
+def plot_grid(results: dict, field: str, path: Path, ylabel: str, log: bool, methods=None) -> Path:
+    settings = list(results)
+    rows = sorted({parse_setting(s)[0] for s in settings})
+    cols = list(dict.fromkeys(s.split("_")[1] for s in settings))
+    fig, axes = plt.subplots(len(rows), len(cols), figsize=(4.2 * len(cols), 3.2 * len(rows)), squeeze=False)
+    for s in settings:
+        ax = axes[rows.index(parse_setting(s)[0])][cols.index(s.split("_")[1])]
+        for method, r in results[s].items():
+            if field in r and (methods is None or method in methods):
+                _band(ax, r["t"][1:], r[field][1:], method)
+        ax.set_title(s, fontsize=10)
+        ax.grid(alpha=0.3)
+        if log:
+            ax.set_yscale("log")
+        ax.set_xlabel("step t", fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+    for ax in axes.flat:
+        if not ax.has_data():
+            ax.set_visible(False)
+    handles, labels = next(ax for ax in axes.flat if ax.has_data()).get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_regret_vs_bytes(results: dict, path: Path) -> Path:
+    settings = [s for s in results if s.startswith("N18")] or list(results)[-3:]
+    fig, axes = plt.subplots(1, len(settings), figsize=(4.2 * len(settings), 3.4), squeeze=False)
+    for ax, s in zip(axes[0], settings, strict=True):
+        for method, r in results[s].items():
+            mb = (r["bytes_up"] + r["bytes_down"]).mean(axis=1)[1:] / 1e6
+            ax.plot(mb, r["regret"].mean(axis=1)[1:], color=COLOURS[method], label=method, marker=".", ms=2)
+        ax.set(title=s, xlabel="MB shared (up + down)", ylabel="cumulative regret", yscale="log")
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def tables_markdown(summary: dict, variants: dict, plots: dict[str, str]) -> str:
+    methods = list(METHODS + EXTRA)
+    lines = ["Final cumulative pseudo-regret at T (mean ± std over the 10 runs, lower is better):", ""]
+    lines += ["| setting | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
+    for s, by_method in summary["final_regret"].items():
+        best = min(v for m, v in by_method.items() if m != "oracle")
+        cells = []
+        for m in methods:
+            text = f"{by_method[m]:.0f} ± {summary['final_regret_std'][s][m]:.0f}"
+            cells.append(f"**{text}**" if by_method[m] == best else text)
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    lines += ["", "(bold: best method that does not know the clusters; `oracle` is given them.)", ""]
+    lines += [
+        "Cluster recovery at T, pairwise F1 of who-shares-with-whom against the true clusters (mean):",
+        "",
+    ]
+    f1_methods = ["bass", "bass_overlap", "club", "sclub", "dynucb"]
+    lines += ["| setting | " + " | ".join(f1_methods) + " |", "|---" * (len(f1_methods) + 1) + "|"]
+    for s, by_method in summary["f1_final_by_method"].items():
+        lines.append(f"| {s} | " + " | ".join(f"{by_method[m]:.2f}" for m in f1_methods) + " |")
+    lines += ["", "MB shared (uploads + forwarded samples + pool resyncs, mean per run):", ""]
+    lines += ["| setting | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
+    for s, by_method in summary["mb_shared"].items():
+        lines.append(f"| {s} | " + " | ".join(f"{by_method[m]:.2f}" for m in methods) + " |")
+    lines += ["", "Tuned on the pilot, (alpha, threshold) per method: "]
+    lines[-1] += (
+        ", ".join(f"{m} {v[0]}, {v[1]}" if v[1] else f"{m} {v[0]}" for m, v in variants.items()) + "."
+    )
+    lines += [""] + [f"![{name}]({path})" for name, path in plots.items()]
+    return "\n".join(lines)
+
+
+def write_docs(markdown: str) -> Path:
+    """Replace the generated block of our section in docs/benchmarks.md, keeping the prose around it."""
+    docs = ROOT / "docs" / "benchmarks.md"
+    text = docs.read_text() if docs.exists() else "# Benchmarks\n"
+    begin, end = "<!-- bass:generated -->", "<!-- /bass:generated -->"
+    block = f"{begin}\n{markdown}\n{end}"
+    if SECTION not in text:
+        text = text.rstrip("\n") + f"\n\n{SECTION}\n\nReproduce: `{COMMAND}`\n\n{block}\n"
+    elif begin in text:
+        text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+    else:
+        head, tail = text.split(SECTION, 1)
+        text = head + SECTION + "\n\n" + block + "\n" + tail
+    docs.write_text(text)
+    return docs
+
+
+def print_table(summary: dict) -> None:
+    table = Table(title="final regret (mean over runs)")
+    methods = list(METHODS + EXTRA)
+    table.add_column("setting")
+    for m in methods:
+        table.add_column(m, justify="right")
+    for s, by_method in summary["final_regret"].items():
+        table.add_row(s, *(f"{by_method[m]:.0f}" for m in methods))
+    Console().print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny smoke run; writes nothing under the repository"
+    )
+    parser.add_argument(
+        "--out", type=Path, help="where to write results (default: benchmarks/results, or a temp dir)"
+    )
+    args = parser.parse_args(argv)
+    scale = QUICK if args.quick else FULL
+    out = args.out or (Path("/tmp/taciturn-bass-quick") if args.quick else ROOT / "benchmarks" / "results")
+    images = out if args.quick else ROOT / "docs" / "img"
+    out.mkdir(parents=True, exist_ok=True)
+    images.mkdir(parents=True, exist_ok=True)
+    settings = [setting_name(n, c) for n in scale["agents"] for c in scale["clusters"]]
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    started = time.perf_counter()
+    with Progress(*columns, console=Console(stderr=True)) as progress:
+        variants, pilot_regret = pilot(scale, progress)
+        task = progress.add_task(
+            "benchmark", total=len(settings) * (len(METHODS) + len(EXTRA)) * scale["horizon"]
+        )
+        results = {
+            s: {m: simulate(config(s, m, variants[m], 0, scale), progress, task) for m in METHODS + EXTRA}
+            for s in settings
+        }
+    summary = summarise(results)
+    plots = {
+        "regret": plot_grid(results, "regret", images / "bass_regret.png", "cumulative regret", log=True),
+        "f1": plot_grid(
+            {s: r for s, r in results.items() if parse_setting(s)[1]},
+            "f1",
+            images / "bass_f1.png",
+            "pairwise F1",
+            log=False,
+            methods=("bass", "bass_overlap", "club", "sclub", "dynucb"),
+        ),
+        "regret vs bytes": plot_regret_vs_bytes(results, images / "bass_regret_vs_bytes.png"),
+    }
+    payload = {
+        **summary,
+        "tuned": {m: {"alpha": a, "threshold": t} for m, (a, t) in variants.items()},
+        "pilot_final_regret": pilot_regret,
+        "scale": {k: v for k, v in scale.items() if k != "pilot"} | {"pilot": dict(scale["pilot"])},
+        "wall_s": round(time.perf_counter() - started, 1),
+        "command": COMMAND + (" --quick" if args.quick else ""),
+    }
+    (out / "bass.json").write_text(json.dumps(payload, indent=1, default=list))
+    print_table(summary)
+    if not args.quick:
+        relative = {k: str(p.relative_to(ROOT / "docs")) for k, p in plots.items()}
+        write_docs(tables_markdown(summary, variants, relative))
+    Console(stderr=True).print(f"results: {out / 'bass.json'} ({payload['wall_s']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

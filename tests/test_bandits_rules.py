@@ -1,0 +1,145 @@
+"""Sharing rules: oracle clustering is pooled LinUCB inside each cluster; the baselines' mechanics by hand."""
+
+import numpy as np
+import pytest
+
+from taciturn.bandits.environments import clustered
+from taciturn.bandits.exchange import Exchange, sample_message
+from taciturn.bandits.linucb import Confidence
+from taciturn.bandits.metrics import pair_f1
+from taciturn.bandits.rules import Club, DynUcb, Independent, Oracle, Pooled, Sclub
+from taciturn.bandits.rules.club import connected
+from taciturn.bandits.rules.sclub import stage_of
+from taciturn.bandits.simulation import Problem, Simulation
+from taciturn.bandits.stats import AgentStats
+from taciturn.core.codec import encode
+
+CONF = Confidence(lam=1.0, noise_bound=1.0, norm_bound=3.0, delta=0.01, scale=0.5)
+
+
+def restricted(problem: Problem, agents: np.ndarray) -> Problem:
+    """The sub-problem of some agents: their rows, and the steps at which one of them acts."""
+    steps = np.isin(problem.schedule[0], agents)
+    return Problem(
+        arms=problem.arms,
+        means=problem.means[:, agents],
+        labels=None,
+        schedule=np.searchsorted(agents, problem.schedule[:, steps]),
+        noise=problem.noise[:, steps],
+        seeds=problem.seeds,
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_oracle_clustering_is_pooled_linucb_run_within_each_cluster(seed):
+    env = clustered(np.random.default_rng(seed), num_agents=7, num_arms=8, dim=4, num_clusters=3, noise=1.0)
+    problem = Problem.build([env], [seed], horizon=600)
+    oracle = Simulation(problem, Oracle(problem.labels), CONF, Exchange([seed]))
+    oracle.advance(600)
+    regret, traffic = 0.0, 0
+    for cluster in range(3):
+        agents = np.flatnonzero(env.labels == cluster)
+        sub = restricted(problem, agents)
+        pooled = Simulation(sub, Pooled(1, len(agents)), CONF, Exchange([seed]))
+        pooled.advance(sub.horizon)
+        np.testing.assert_allclose(oracle.pool_gram[0, agents], pooled.pool_gram[0], rtol=1e-12)
+        np.testing.assert_allclose(oracle.pool_b[0, agents], pooled.pool_b[0], rtol=1e-12, atol=1e-12)
+        regret += pooled.regret[0]
+        pooled.record()
+        traffic += pooled.exchange.traffic
+    np.testing.assert_allclose(oracle.regret[0], regret)
+    oracle.record()
+    assert (oracle.exchange.traffic == traffic).all()  # the same messages, byte for byte
+
+
+def test_independent_agents_send_nothing_and_pooled_ones_send_every_sample_to_everyone():
+    env = clustered(np.random.default_rng(3), num_agents=4, num_arms=6, dim=3, num_clusters=2, noise=1.0)
+    problem = Problem.build([env], [3], horizon=50)
+    alone = Simulation(problem, Independent(1, 4), CONF, Exchange([3]))
+    alone.advance(50)
+    alone.record()
+    assert alone.exchange.traffic.sum() == 0
+    together = Simulation(problem, Pooled(1, 4), CONF, Exchange([3]))
+    together.advance(50)
+    together.record()
+    size = len(encode(sample_message(np.zeros(3), 0.0)))
+    up, down = together.exchange.traffic[0]
+    assert up.tolist() == [50, 50, 50 * size, 50 * size]  # sent, delivered, bytes sent, bytes delivered
+    assert down.tolist() == [150, 150, 150 * size, 150 * size]  # each sample reaches the 3 others
+    np.testing.assert_allclose(
+        together.pool_gram[0, 0], together.pool_gram[0, 3]
+    )  # everyone holds everything
+
+
+def test_a_dropped_forward_leaves_the_receivers_pool_without_the_sample():
+    env = clustered(np.random.default_rng(4), num_agents=3, num_arms=6, dim=3, num_clusters=1, noise=1.0)
+    problem = Problem.build([env], [4], horizon=40)
+    lossy = Simulation(problem, Pooled(1, 3), CONF, Exchange([4], drop_down=1.0))
+    lossy.advance(40)
+    lossy.record()
+    own = lossy.stats.gram[0] + np.eye(3)  # the server still has every sample (uploads arrive)
+    np.testing.assert_allclose(lossy.pool_gram[0], own)  # but each agent holds only its own
+    assert lossy.exchange.traffic[0, 1, 1] == 0 and lossy.exchange.traffic[0, 1, 0] == 80
+
+
+def test_connected_components_of_a_hand_graph():
+    graph = np.eye(5, dtype=bool)
+    for i, j in [(0, 1), (1, 2), (3, 4)]:
+        graph[i, j] = graph[j, i] = True
+    reach = connected(graph[None])[0]
+    assert reach[0, 2] and reach[2, 0] and reach[3, 4] and not reach[0, 3] and not reach[2, 4]
+
+
+def stats_with(thetas, counts) -> AgentStats:
+    """Agent statistics whose ridge estimates are exactly ``thetas`` (Gram = count * I)."""
+    thetas, counts = np.asarray(thetas, float), np.asarray(counts)
+    agents, dim = thetas.shape
+    stats = AgentStats(1, agents, dim, lam=1.0)
+    state = {
+        "gram": (counts[:, None, None] * np.eye(dim))[None].astype(float),
+        "b": ((counts[:, None] + 1.0) * thetas)[None],
+        "count": counts[None],
+    }
+    stats.load(state)
+    return stats
+
+
+def test_club_cuts_an_edge_when_estimates_differ_by_more_than_the_widths():
+    stats = stats_with([[0.0, 0.0], [0.05, 0.0], [2.0, 0.0]], [100, 100, 100])
+    club = Club(1, 3, gamma=1.0)  # widths sqrt((1 + ln 101) / 101) = 0.24 each: cut iff distance > 0.48
+    club.update(stats, np.array([0]), np.array([0]), step=0)
+    assert club.graph[0].tolist() == [[True, True, False], [True, True, True], [False, True, True]]
+    assert club.membership[0].all()  # 0 and 2 still share through 1: CLUB pools over components
+    club.update(stats, np.array([0]), np.array([2]), step=1)
+    assert club.membership[0].tolist() == [[True, True, False], [True, True, False], [False, False, True]]
+
+
+def test_sclub_splits_a_far_agent_and_merges_checked_clusters_that_agree():
+    assert [stage_of(t) for t in (0, 1, 2, 5, 6, 13, 14)] == [1, 1, 2, 2, 3, 3, 4]
+    stats = stats_with([[0.0, 0.0], [0.0, 0.0], [3.0, 0.0]], [200, 200, 200])
+    sclub = Sclub(1, 3, dim=2, alpha=1.0)
+    sclub.update(stats, np.array([0]), np.array([2]), step=0)  # pivot of the 3-agent cluster is (1, 0)
+    assert sclub.labels[0, 2] != sclub.labels[0, 0] == sclub.labels[0, 1]
+    stats = stats_with([[0.0, 0.0], [0.0, 0.0], [0.01, 0.0]], [200, 200, 200])  # agent 2 now agrees
+    for agent in (0, 1):
+        sclub.update(stats, np.array([0]), np.array([agent]), step=1)
+    assert sclub.checked[0].all()  # every cluster checked: the two merge back into one
+    assert len(set(sclub.labels[0])) == 1 and sclub.membership[0].all()
+
+
+def test_dynucb_moves_an_agent_to_the_nearest_cluster():
+    stats = stats_with([[1.0, 0.0], [1.0, 0.1], [-1.0, 0.0], [-1.0, 0.0]], [50, 50, 50, 50])
+    dyn = DynUcb(np.array([[0, 0, 1, 0]]), num_clusters=2)  # agent 3 sits with the wrong cluster
+    dyn.update(stats, np.array([0]), np.array([3]), step=0)
+    assert dyn.labels[0].tolist() == [0, 0, 1, 1]
+    assert dyn.membership[0, 3].tolist() == [False, False, True, True]
+
+
+def test_pair_f1_by_hand():
+    labels = np.array([[0, 0, 1, 1]])  # true pairs: (0,1), (2,3)
+    guess = np.eye(4, dtype=bool)
+    guess[0, 1] = guess[1, 0] = guess[1, 2] = guess[2, 1] = True  # predicts (0,1) right, (1,2) wrong
+    assert pair_f1(guess[None], labels)[0] == pytest.approx(2 * 1 / (2 * 1 + 1 + 1))
+    apart = np.array([[0, 1]])
+    assert pair_f1(np.eye(2, dtype=bool)[None], apart)[0] == 1.0  # nothing to find, nothing claimed
+    assert pair_f1(np.ones((1, 2, 2), dtype=bool), apart)[0] == 0.0

@@ -1,0 +1,78 @@
+"""Separation tests: exact against brute force, and statistically (equal kept, far apart separated)."""
+
+import numpy as np
+import pytest
+
+from taciturn.bandits.environments import linear
+from taciturn.bandits.exchange import Exchange
+from taciturn.bandits.linucb import Confidence, ridge
+from taciturn.bandits.rules import Bass
+from taciturn.bandits.separation import ellipsoids_disjoint, mahalanobis_separated
+from taciturn.bandits.simulation import Problem, Simulation
+
+
+def random_spd(rng, d, scale):
+    m = rng.standard_normal((d, d))
+    return scale * (m @ m.T + 0.5 * np.eye(d))
+
+
+def test_ellipsoid_overlap_test_agrees_with_a_brute_force_search():
+    """Disjoint iff some s in (0, 1) has d^T (Sigma_i / s + Sigma_j / (1 - s))^-1 d > 1 (Minkowski sum)."""
+    rng = np.random.default_rng(1)
+    conf = Confidence(lam=1.0, noise_bound=1.0, norm_bound=1.0, delta=0.1)
+    checked = 0
+    for _ in range(300):
+        d = 3
+        gram_i, gram_j = random_spd(rng, d, 4.0), random_spd(rng, d, 4.0)
+        inv_i, theta_i, logdet_i = ridge(gram_i, rng.standard_normal(d) * 6)
+        inv_j, theta_j, logdet_j = ridge(gram_j, rng.standard_normal(d) * 6)
+        sigma_i = conf.radius(logdet_i, d) ** 2 * inv_i
+        sigma_j = conf.radius(logdet_j, d) ** 2 * inv_j
+        diff = theta_i - theta_j
+        s = np.linspace(1e-4, 1 - 1e-4, 4001)[:, None, None]
+        worst = np.einsum(
+            "d,sd->s", diff, np.linalg.solve(sigma_i / s + sigma_j / (1 - s), diff[:, None])[..., 0]
+        ).max()
+        if abs(worst - 1.0) < 1e-2:
+            continue  # too close to tangent for the grid to decide
+        checked += 1
+        assert ellipsoids_disjoint(theta_i, inv_i, logdet_i, theta_j, inv_j, logdet_j, conf) == (worst > 1.0)
+    assert checked > 250
+
+
+def test_mahalanobis_test_on_a_hand_case():
+    """V_i = V_j = n I: the statistic is ||diff||^2 n / 2 against beta_ij^2 of the 2d-dimensional problem."""
+    d, n, lam = 2, 99.0, 1.0
+    conf = Confidence(lam=lam, noise_bound=1.0, norm_bound=1.0, delta=0.05)
+    gram = (n + lam) * np.eye(d)
+    inverse, logdet = np.linalg.inv(gram), np.linalg.slogdet(gram)[1]
+    beta = np.sqrt(2 * np.log(1 / 0.05) + 2 * d * np.log(n + lam)) + np.sqrt(2 * lam) * 1.0
+    threshold = beta * np.sqrt(2 / (n + lam))  # ||diff|| at which the test fires
+    for gap, separated in ((0.99 * threshold, False), (1.01 * threshold, True)):
+        theta_j = np.array([gap, 0.0])
+        got = mahalanobis_separated(np.zeros(d), inverse, logdet, theta_j, inverse, logdet, conf)
+        assert bool(got) is separated
+
+
+def two_agent_problem(theta_a, theta_b, repetitions, horizon):
+    rng = np.random.default_rng(7)
+    arms = rng.standard_normal((10, 5))
+    env = linear(arms, np.stack([theta_a, theta_b]), 1.0, None)
+    return Problem.build([env] * repetitions, list(range(repetitions)), horizon)
+
+
+@pytest.mark.parametrize("test", ["mahalanobis", "ellipsoid_overlap"])
+def test_bass_keeps_equal_agents_together_and_separates_far_apart_ones(test):
+    """With the theory's radius (scale 1) a wrong separation has probability <= delta; far-apart
+    parameters (||theta_1 - theta_2|| = 6) are separated within 300 steps in (nearly) every run."""
+    reps, steps, delta = 40, 300, 0.05
+    theta = np.array([1.5, -1.0, 0.5, 2.0, -0.5])
+    conf = Confidence(lam=1.0, noise_bound=1.0, norm_bound=float(np.linalg.norm(theta)), delta=delta)
+    outcome = {}
+    for case, other in (("equal", theta), ("far", -theta)):
+        problem = two_agent_problem(theta, other, reps, steps)
+        simulation = Simulation(problem, Bass(reps, 2, conf, test), conf, Exchange(problem.seeds))
+        simulation.advance(steps)
+        outcome[case] = simulation.rule.membership[:, 0, 1].mean()  # fraction still sharing
+    assert outcome["equal"] >= 1 - delta
+    assert outcome["far"] <= 0.05
