@@ -124,6 +124,12 @@ class Algorithm(ABC):
 
     def __init__(self, config: AlgorithmConfig):
         self.config = config
+        self.streams: Streams | None = None
+
+    def use_streams(self, streams: Streams) -> None:
+        """The run's seeded streams, given by the federation before the first round: the server
+        draws shared randomness (Ferret's bases, FedKSeed's seeds) from the same streams as clients."""
+        self.streams = streams
 
     # ----- server -----
     @abstractmethod
@@ -140,8 +146,8 @@ class Algorithm(ABC):
     def downlink(self, state: Any, round: int, clients: Sequence[int]) -> Mapping[int, Message | None]: ...
 
     @abstractmethod
-    def uplink_spec(self, state: Any) -> Mapping[str, tuple[int, ...]]:
-        """Names and shapes every uplink must have; anything else is rejected."""
+    def uplink_spec(self, state: Any) -> Mapping[str, tuple[int | None, ...]]:
+        """Names and shapes every uplink must have (None: any length); anything else is rejected."""
 
     def check_uplink_meta(self, message: Message) -> str | None:
         """Algorithm-specific checks of an uplink's metadata; return the reason to reject, or None."""

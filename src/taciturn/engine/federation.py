@@ -51,6 +51,7 @@ class Federation:
         self.streams = streams
         self.data = data
         self.loss = loss
+        algorithm.use_streams(streams)
 
     def run_round(self, state: Any, round: int) -> tuple[Any, RoundReport]:
         algorithm, report = self.algorithm, RoundReport(round)
