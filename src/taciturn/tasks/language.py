@@ -108,7 +108,7 @@ def default_gguf() -> Path:
 
 
 def load_gguf(path: Path) -> tuple[nn.Module, HuggingFaceTokenizer]:
-    """A GGUF checkpoint as a float32 transformers model and its tokenizer, offline."""
+    """A GGUF checkpoint as a (dequantized, float32) transformers model and its tokenizer, offline."""
     import transformers
 
     path = Path(path)
@@ -119,7 +119,7 @@ def load_gguf(path: Path) -> tuple[nn.Module, HuggingFaceTokenizer]:
     transformers.utils.logging.disable_progress_bar()
     tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
-    return model.float().eval(), HuggingFaceTokenizer(tokenizer)
+    return model.eval(), HuggingFaceTokenizer(tokenizer)
 
 
 class _Generate(nn.Module):
@@ -170,22 +170,33 @@ class LanguageModelTask:
         """Mean next-token cross-entropy over the response tokens (prompt and padding are -100)."""
         return functional_call(self.model, params, args=(), kwargs=batch).loss
 
-    @torch.no_grad()
     def evaluate(self, params: Params) -> dict[str, float]:
-        """Held-out Rouge-L F (greedy decoding), exact-match accuracy and response loss."""
-        pad = self.tokenizer.pad_id
-        rouge, exact, loss_sum, tokens = 0.0, 0, 0.0, 0
+        """Held-out Rouge-L F and exact match of greedy answers, and the held-out response loss."""
+        return {**self.generation_scores(params), "loss": self.test_loss(params)}
+
+    @torch.no_grad()
+    def test_loss(self, params: Params) -> float:
+        """Mean cross-entropy over all response tokens of the held-out examples."""
+        total, tokens = 0.0, 0
+        for start in range(0, len(self.test), self.eval_batch_size):
+            examples = self.test[start : start + self.eval_batch_size]
+            encoded = [encode_example(e, self.tokenizer, self.max_length) for e in examples]
+            batch = collate(encoded, self.tokenizer.pad_id)
+            n = int((batch["labels"] != IGNORE).sum())  # the loss is a mean over these tokens
+            total += float(self.loss(params, batch)) * n
+            tokens += n
+        return total / max(tokens, 1)
+
+    def generation_scores(self, params: Params) -> dict[str, float]:
+        """Rouge-L F (rouge-score, the paper's metric) and exact match of the greedy answers."""
+        rouge, exact = 0.0, 0
         for start in range(0, len(self.test), self.eval_batch_size):
             examples = self.test[start : start + self.eval_batch_size]
             for text, example in zip(self.generate(params, examples), examples, strict=True):
                 rouge += self.scorer.score(example.output, text)["rougeL"].fmeasure
-                exact += int(text.strip() == example.output.strip())
-            batch = collate([encode_example(e, self.tokenizer, self.max_length) for e in examples], pad)
-            n = int((batch["labels"] != IGNORE).sum())  # the loss is a mean over these tokens
-            loss_sum += float(self.loss(params, batch)) * n
-            tokens += n
+                exact += int(text == example.output.strip())
         n = max(len(self.test), 1)
-        return {"rougeL": rouge / n, "accuracy": exact / n, "loss": loss_sum / max(tokens, 1)}
+        return {"rougeL": rouge / n, "accuracy": exact / n}
 
     @torch.no_grad()
     def generate(self, params: Params, examples: Sequence[Example]) -> list[str]:
