@@ -128,7 +128,7 @@ class Ferret(Algorithm):
         counts = state.history_counts[first - 1 : last]
         coords = [
             row[l, : int(k)]
-            for row, ks in zip(state.history_coords[first - 1 : last], counts, strict=False)
+            for row, ks in zip(state.history_coords[first - 1 : last], counts, strict=True)
             for l, k in enumerate(ks)
         ]
         return Message(
@@ -163,7 +163,8 @@ class Ferret(Algorithm):
         params = state.params
         if arrivals:
             params = clone(params)
-            self._apply(params, round, pooled_counts, pooled)
+            flat = torch.cat([pooled[l, : int(k)] for l, k in enumerate(pooled_counts)])
+            self._apply(params, round, pooled_counts.tolist(), flat)
         synced = state.synced.clone()
         synced[[a.client for a in arrivals]] = round - 1  # an uplink proves the downlink arrived
         return FerretState(
@@ -173,12 +174,9 @@ class Ferret(Algorithm):
             synced,
         )
 
-    def _apply(self, params: Params, round: int, counts: torch.Tensor, pooled: torch.Tensor) -> None:
+    def _apply(self, params: Params, round: int, counts: list[int], coords: torch.Tensor) -> None:
         """w <- w - eta_g sum_{l,k} pooled_{l,k} v_{l,k}: the server's step and every catch-up."""
-        flat = torch.cat([pooled[l, : int(k)] for l, k in enumerate(counts)])
-        reconstruct_into(
-            params, self.blocks, counts.tolist(), flat, self.bases, round, -self.config.server_lr
-        )
+        reconstruct_into(params, self.blocks, counts, coords, self.bases, round, -self.config.server_lr)
 
     def global_params(self, state: FerretState) -> Params:
         return state.params
@@ -190,17 +188,13 @@ class Ferret(Algorithm):
         assert self.initial is not None, "init_server runs before any client"
         held, params = held_model(ctx.state, self.initial)
         first = int(ctx.received.meta["first_round"])
-        counts = torch.from_numpy(ctx.received.arrays["counts"].astype(np.int32))
         coords = torch.from_numpy(ctx.received.arrays["coords"])
         offset = 0
-        for i, row in enumerate(counts):
-            round, size = first + i, int(row.sum())
-            if round > held:
+        for i, row in enumerate(ctx.received.arrays["counts"].astype(np.int64).tolist()):
+            round, size = first + i, sum(row)
+            if round > held:  # rounds the client already holds (its last uplink was lost) are skipped
                 check_caught_up(ctx.client, held, round)
-                pooled = torch.zeros(len(self.blocks), self.config.max_bases_per_block)
-                for l, piece in enumerate(torch.split(coords[offset : offset + size], row.tolist())):
-                    pooled[l, : len(piece)] = piece
-                self._apply(params, round, row, pooled)
+                self._apply(params, round, row, coords[offset : offset + size])
                 held = round
             offset += size
         check_caught_up(ctx.client, held, ctx.round)
