@@ -241,3 +241,18 @@ def test_a_client_that_skipped_rounds_catches_up_from_coordinates_to_the_servers
     for name in params:  # bit-identical: same operations, same order, same bases
         assert torch.equal(caught_up[name], state.params[name])
     assert len(encode(down)) < 4 * sum(v.numel() for v in params.values()) / 4  # far below a model
+
+
+def test_variable_length_uplinks_validate_against_none_dimensions():
+    from taciturn.engine.validation import uplink_problem
+
+    spec = {"counts": (3,), "coords": (None,)}
+    ok = Message({"counts": np.ones(3, np.uint16), "coords": np.zeros(7, np.float32)})
+    assert uplink_problem(ok, spec) is None
+    flat = Message({"counts": np.ones(3, np.uint16), "coords": np.zeros((7, 1), np.float32)})
+    assert "shape" in uplink_problem(flat, spec)
+    algorithm, _ = make_ferret(tiny_params())
+    lying = Message(
+        {"counts": np.array([2, 2, 2], np.uint16), "coords": np.zeros(5, np.float32)}, {"num_samples": 1}
+    )
+    assert "announced" in algorithm.check_uplink_meta(lying)
