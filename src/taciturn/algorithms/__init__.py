@@ -4,11 +4,13 @@ from taciturn.algorithms.base import Algorithm, AlgorithmConfig
 from taciturn.algorithms.event_admm import EventADMM
 from taciturn.algorithms.fedadmm import FedADMM
 from taciturn.algorithms.fedavg import FedAvg
+from taciturn.algorithms.fedkseed import FedKSeed
 from taciturn.algorithms.fedprox import FedProx
+from taciturn.algorithms.ferret import Ferret
 from taciturn.algorithms.scaffold import Scaffold
 
 REGISTRY: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (FedAvg, FedProx, Scaffold, FedADMM, EventADMM)
+    cls.name: cls for cls in (FedAvg, FedProx, Scaffold, FedADMM, EventADMM, Ferret, FedKSeed)
 }
 
 
@@ -23,7 +25,9 @@ __all__ = [
     "EventADMM",
     "FedADMM",
     "FedAvg",
+    "FedKSeed",
     "FedProx",
+    "Ferret",
     "Scaffold",
     "build_algorithm",
 ]

@@ -89,15 +89,9 @@ class ClientContext:
         return [indices[positions] for positions in plan]
 
     def batches(self, config: LocalConfig) -> Iterator[Any]:
-        """This client's minibatches for this round, gathered in one go and handed out as views."""
-        plan = self.batch_indices(config)
-        if not plan:
-            return
-        gathered = self.data.batch(np.concatenate(plan))
-        start = 0
-        for indices in plan:
-            yield tuple(part[start : start + len(indices)] for part in gathered)
-            start += len(indices)
+        """This client's minibatches for this round."""
+        for indices in self.batch_indices(config):
+            yield self.data.batch(indices)
 
 
 @dataclass
@@ -162,8 +156,8 @@ class Algorithm(ABC):
         """What the server sends each picked client this round (None: stay silent to it)."""
 
     @abstractmethod
-    def uplink_spec(self, state: Any) -> Mapping[str, tuple[int, ...]]:
-        """Names and shapes every uplink must have; anything else is rejected."""
+    def uplink_spec(self, state: Any) -> Mapping[str, tuple[int | None, ...]]:
+        """Names and shapes every uplink must have (None: any length); anything else is rejected."""
 
     def check_uplink_meta(self, message: Message) -> str | None:
         """Algorithm-specific checks of an uplink's metadata; return the reason to reject, or None."""

@@ -58,18 +58,25 @@ class ParallelExecutor(Executor):
             )
         if workers < 1:
             raise ValueError(f"the parallel executor needs at least one worker, got {workers}")
-        context = multiprocessing.get_context("fork")  # workers inherit the loaded data, copy-on-write
+        self.num_workers = workers
         self._workers: list[tuple[multiprocessing.Process, Connection]] = []
-        for index in range(workers):
+
+    def _start_workers(self) -> None:
+        """Fork at the first round, so workers inherit everything the server set up (data, and what
+        init_server told the algorithm, such as Ferret's initial model), copy-on-write."""
+        context = multiprocessing.get_context("fork")
+        for index in range(self.num_workers):
             ours, theirs = context.Pipe()
             process = context.Process(
-                target=_work, args=(theirs, pipeline), name=f"taciturn-worker-{index}", daemon=True
+                target=_work, args=(theirs, self.pipeline), name=f"taciturn-worker-{index}", daemon=True
             )
             process.start()
             theirs.close()
             self._workers.append((process, ours))
 
     def serve(self, round, clients, downlink, spec) -> RoundPart:
+        if not self._workers:
+            self._start_workers()
         shares = balance(clients, [self.pipeline.data.client_size(c) for c in clients], len(self._workers))
         busy = [(conn, share) for (_, conn), share in zip(self._workers, shares, strict=True) if share]
         for conn, share in busy:

@@ -9,8 +9,12 @@ import numpy as np
 from taciturn.core.message import Message
 
 
-def uplink_problem(message: Message, spec: Mapping[str, tuple[int, ...]]) -> str | None:
-    """The reason to reject ``message`` against the expected array names and shapes, or None."""
+def uplink_problem(message: Message, spec: Mapping[str, tuple[int | None, ...]]) -> str | None:
+    """The reason to reject ``message`` against the expected array names and shapes, or None.
+
+    A ``None`` in a shape accepts any length along that axis (variable-size payloads such as
+    Ferret's coordinates, whose count depends on the update).
+    """
     names, expected = set(message.arrays), set(spec)
     if names != expected:
         parts = []
@@ -21,7 +25,9 @@ def uplink_problem(message: Message, spec: Mapping[str, tuple[int, ...]]) -> str
         return "; ".join(parts)
     for name, shape in spec.items():
         array = message.arrays[name]
-        if tuple(array.shape) != tuple(shape):
+        if len(array.shape) != len(shape) or any(
+            want is not None and got != want for got, want in zip(array.shape, shape, strict=True)
+        ):
             return f"array {name!r} has shape {tuple(array.shape)}, expected {tuple(shape)}"
         if array.dtype.kind not in "fiub":
             return f"array {name!r} has dtype {array.dtype}"

@@ -43,7 +43,34 @@ class SyntheticData(StrictModel):
     separation: float = Field(2.0, gt=0)
 
 
-DataConfig = Annotated[FashionMnistData | DigitsData | SyntheticData, Field(discriminator="dataset")]
+class InstructionData(StrictModel):
+    """Instruction-tuning data for causal language models (data/instructions.py)."""
+
+    dataset: Literal["instructions"]
+    source: Literal["synthetic", "natural_instructions", "dolly"] = "synthetic"
+    path: Path | None = Field(
+        None, description="natural_instructions: the tasks/ folder; dolly: databricks-dolly-15k.jsonl"
+    )
+    split_by: Literal["task", "category"] = Field(
+        "task",
+        description="task: NI-style (partition one_class = one task per client); category: Dolly-style",
+    )
+    heldout: int | tuple[str, ...] = Field(
+        4, description="how many tasks/categories to hold out for evaluation (seeded), or their names"
+    )
+    examples_per_task: int = Field(64, ge=1, description="synthetic: generated per task; NI: kept per task")
+    test_examples: int = Field(64, ge=1, description="held-out examples evaluated (Rouge-L)")
+
+    @model_validator(mode="after")
+    def _path_for_real_data(self) -> InstructionData:
+        if self.source != "synthetic" and self.path is None:
+            raise ValueError(f"data.source = '{self.source}' reads local files: set data.path")
+        return self
+
+
+DataConfig = Annotated[
+    FashionMnistData | DigitsData | SyntheticData | InstructionData, Field(discriminator="dataset")
+]
 
 
 # ----- partition -----
@@ -90,7 +117,29 @@ class CnnModel(StrictModel):
     padding: Literal["same", "valid"] = "same"
 
 
-ModelConfig = Annotated[LogRegModel | MlpModel | CnnModel, Field(discriminator="kind")]
+class CausalLmModel(StrictModel):
+    """A causal language model: a tiny random Llama/GPT-2 over bytes, or a GGUF checkpoint."""
+
+    kind: Literal["causal_lm"]
+    source: Literal["tiny", "gguf"] = "tiny"
+    path: Path | None = Field(None, description="gguf: the .gguf file (default: SmolLM2-135M-Instruct)")
+    architecture: Literal["llama", "gpt2"] = "llama"
+    hidden: int = Field(64, ge=1, description="tiny: width")
+    layers: int = Field(2, ge=1, description="tiny: transformer blocks")
+    heads: int = Field(4, ge=1, description="tiny: attention heads (must divide hidden)")
+    max_length: int = Field(128, ge=8, description="tokens per training example (prompt + response)")
+    max_new_tokens: int = Field(32, ge=1, description="greedy generation length at evaluation")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CausalLmModel:
+        if self.hidden % self.heads:
+            raise ValueError(f"model.heads = {self.heads} must divide model.hidden = {self.hidden}")
+        if self.max_new_tokens >= self.max_length:
+            raise ValueError("model.max_new_tokens must be smaller than model.max_length")
+        return self
+
+
+ModelConfig = Annotated[LogRegModel | MlpModel | CnnModel | CausalLmModel, Field(discriminator="kind")]
 
 AlgorithmConfigs = Annotated[
     Union[tuple(cls.Config for cls in REGISTRY.values())],  # noqa: UP007 (built from the registry)
@@ -162,6 +211,8 @@ class RunConfig(StrictModel):
     def _model_fits_data(self) -> RunConfig:
         if self.model.kind == "cnn" and self.data.dataset == "synthetic":
             raise ValueError("model.kind = 'cnn' needs image data; use mlp or logreg with synthetic data")
+        if (self.model.kind == "causal_lm") != (self.data.dataset == "instructions"):
+            raise ValueError("model.kind = 'causal_lm' and data.dataset = 'instructions' go together")
         return self
 
 

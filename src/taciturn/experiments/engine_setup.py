@@ -13,7 +13,6 @@ from taciturn.core.channel import Channel
 from taciturn.core.disk_store import DiskStateStore
 from taciturn.core.rng import Streams
 from taciturn.core.state_store import ClientStateStore, MemoryStateStore
-from taciturn.data.federated import FederatedData
 from taciturn.engine import choice
 from taciturn.engine.executor import Executor, SequentialExecutor
 from taciturn.engine.federation import Federation
@@ -21,14 +20,12 @@ from taciturn.engine.parallel import ParallelExecutor
 from taciturn.engine.pipeline import ClientPipeline
 from taciturn.engine.vectorized import VectorizedExecutor
 from taciturn.experiments.config import ConfigError, RunConfig
-from taciturn.tasks.base import Task
+from taciturn.tasks.base import ClientData, Task
 
 DISK_STORE_CLIENTS = 1000  # with more stateful clients than this, "auto" keeps their state on disk
 
 
-def choose_executor(
-    config: RunConfig, algorithm: Algorithm, task: Task, data: FederatedData
-) -> choice.Choice:
+def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: ClientData) -> choice.Choice:
     engine = config.engine
     weighted = getattr(task, "weighted_batches", False)
     if engine.executor == "vectorized" and not weighted:
@@ -37,6 +34,10 @@ def choose_executor(
         workers = engine.workers or choice.available_cores()
         return choice.Choice(
             engine.executor, workers if engine.executor == "parallel" else 0, "set in the config"
+        )
+    if not weighted:  # e.g. a language model: one client at a time keeps every thread on its large products
+        return choice.Choice(
+            "sequential", 0, "this task has no vectorized path and its steps use all threads"
         )
     local = config.algorithm.local
     clients = config.algorithm.clients_per_round(data.num_clients)
@@ -76,7 +77,7 @@ def build_federation(
     config: RunConfig,
     algorithm: Algorithm,
     task: Task,
-    data: FederatedData,
+    data: ClientData,
     channel: Channel,
     streams: Streams,
     out: Path,

@@ -29,7 +29,7 @@ from taciturn.experiments.config import ConfigError, RunConfig, load_config, to_
 from taciturn.experiments.engine_setup import build_federation
 from taciturn.experiments.progress import RoundProgress
 from taciturn.report.rundir import RunDir
-from taciturn.tasks.base import Task
+from taciturn.tasks.base import ClientData, Task
 from taciturn.tasks.classification import ClassificationTask
 from taciturn.tasks.models import build_model
 
@@ -59,7 +59,7 @@ class Experiment:
     config: RunConfig
     rundir: RunDir
     streams: Streams
-    data: FederatedData
+    data: ClientData  # FederatedData (classification) or TokenData (language models)
     task: Task
     algorithm: Algorithm
     ledger: Ledger
@@ -68,8 +68,12 @@ class Experiment:
     engine_note: str  # which executor and store, and why
 
 
-def prepare(config: RunConfig, out: Path, ledger: Ledger | None = None) -> Experiment:
-    streams = Streams(config.seed)
+def build_task(config: RunConfig, streams: Streams) -> tuple[Task, ClientData]:
+    """The task (model, loss, evaluation) and the federated training data a config asks for."""
+    if config.model.kind == "causal_lm":
+        from taciturn.experiments.language import build_language_task
+
+        return build_language_task(config, streams)
     options = config.data.model_dump(exclude={"dataset", "path", "train_subset"})
     dataset = load_dataset(
         config.data.dataset, streams.numpy(0, SERVER, "data"), getattr(config.data, "path", None), **options
@@ -95,7 +99,12 @@ def prepare(config: RunConfig, out: Path, ledger: Ledger | None = None) -> Exper
         raise ConfigError(
             f"[model] {error} (data {config.data.dataset}: input {dataset.input_shape})"
         ) from None
-    task = ClassificationTask(model, dataset.x_test, dataset.y_test, config.eval.batch_size)
+    return ClassificationTask(model, dataset.x_test, dataset.y_test, config.eval.batch_size), data
+
+
+def prepare(config: RunConfig, out: Path, ledger: Ledger | None = None) -> Experiment:
+    streams = Streams(config.seed)
+    task, data = build_task(config, streams)
     algorithm = build_algorithm(config.algorithm)
     ledger = ledger or Ledger()
     channel = Channel(ledger, streams, config.channel.drop_up, config.channel.drop_down)

@@ -1,0 +1,37 @@
+"""The client-held model of shared-randomness methods (Ferret, FedKSeed).
+
+Their clients never download a model: each keeps its own copy and the round it corresponds to,
+and catches up by replaying the server's per-round history (coordinates or scalar gradients)
+onto it. Before its first round a client holds w_0, the model every client starts with (the
+pretrained weights, or weights every client regenerates from the run seed).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from taciturn.core.params import Params, clone
+from taciturn.core.state_store import ClientState
+
+_PARAMS = "params/"
+
+
+def held_model(state: ClientState | None, initial: Params) -> tuple[int, Params]:
+    """(round the client's model corresponds to, a copy of that model it may change)."""
+    if state is None:
+        return 0, clone(initial)
+    params = {name[len(_PARAMS) :]: t.clone() for name, t in state.items() if name.startswith(_PARAMS)}
+    return int(state["synced_round"]), params
+
+
+def model_state(round: int, params: Params) -> ClientState:
+    """The client state that says: this client holds ``params``, the global model of ``round``."""
+    return {"synced_round": torch.tensor(round), **{_PARAMS + name: t for name, t in params.items()}}
+
+
+def check_caught_up(client: int, held: int, round: int) -> None:
+    if held != round - 1:
+        raise ValueError(
+            f"client {client} holds the model of round {held} after catching up, but round {round} "
+            f"starts from round {round - 1}: the server's history has a gap"
+        )

@@ -1,0 +1,70 @@
+"""Build an instruction-tuning task and its federated token data from a validated run config."""
+
+from __future__ import annotations
+
+from taciturn.core.rng import SERVER, Streams
+from taciturn.data import instructions
+from taciturn.data.partition import partition
+from taciturn.data.tokens import TokenData
+from taciturn.experiments.config import ConfigError, RunConfig
+from taciturn.tasks.language import ByteTokenizer, LanguageModelTask, default_gguf, load_gguf, tiny_model
+
+
+def load_instructions(config: RunConfig, streams: Streams) -> instructions.InstructionSet:
+    data, rng = config.data, streams.numpy(0, SERVER, "data")
+    if data.source == "synthetic":
+        examples, where = instructions.synthetic_examples(rng, data.examples_per_task), "generated"
+    elif data.source == "natural_instructions":
+        examples, where = (
+            instructions.natural_instructions(data.path, data.examples_per_task, rng),
+            str(data.path),
+        )
+    else:
+        examples, where = instructions.dolly(data.path), str(data.path)
+    try:
+        return instructions.split(
+            data.source,
+            f"{data.source} ({where})",
+            examples,
+            data.split_by,
+            data.heldout,
+            data.test_examples,
+            rng,
+        )
+    except ValueError as error:
+        raise ConfigError(f"[data.heldout] {error}") from None
+
+
+def build_language_task(config: RunConfig, streams: Streams) -> tuple[LanguageModelTask, TokenData]:
+    model_config = config.model
+    dataset = load_instructions(config, streams)
+    if model_config.source == "gguf":
+        model, tokenizer = load_gguf(model_config.path or default_gguf())
+    else:
+        tokenizer = ByteTokenizer()
+        model = tiny_model(
+            model_config.architecture,
+            tokenizer,
+            model_config.hidden,
+            model_config.layers,
+            model_config.heads,
+            model_config.max_length,
+        )
+    parts = partition(
+        dataset.labels,
+        config.partition.kind,
+        config.partition.num_clients,
+        streams.numpy(0, SERVER, "partition"),
+        **config.partition.model_dump(exclude={"kind", "num_clients"}),
+    )
+    data = TokenData.build(dataset, parts, tokenizer, model_config.max_length)
+    task = LanguageModelTask(
+        model,
+        tokenizer,
+        dataset.test,
+        model_config.max_length,
+        model_config.max_new_tokens,
+        config.eval.batch_size,
+        pretrained=model_config.source == "gguf",
+    )
+    return task, data
