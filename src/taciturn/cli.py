@@ -73,12 +73,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     rundirs = [_existing_run(p) for p in args.runs]
     out = write_comparison(rundirs, Path(args.out))
     table = Table(title="comparison")
-    keys = ["final accuracy", "best accuracy", "MB up", "MB down", "rounds", "wall s"]
+    metric = rundirs[0].primary_metric()
+    keys = [f"final {metric}", f"best {metric}", "MB up", "MB down", "rounds", "wall s"]
     table.add_column("run")
     for k in keys:
         table.add_column(k, justify="right")
     for r in rundirs:
-        s = summary(r.read_metrics())
+        s = summary(r.read_metrics(), metric)
         table.add_row(str(r.path), *(str(s.get(k, "-")) for k in keys))
     Console().print(table)
     console.print(f"comparison: [bold]{out}[/]")
@@ -121,11 +122,11 @@ def _existing_run(path: str):
 def _print_summary(rundir) -> None:
     from taciturn.report.html import summary
 
-    rows = rundir.read_metrics()
-    if rows and "accuracy" in rows[-1]:  # other experiment types print their own summary
-        s = summary(rows)
+    rows, metric = rundir.read_metrics(), rundir.primary_metric()
+    if rows and metric in rows[-1]:  # other experiment types print their own summary
+        s = summary(rows, metric)
         console.print(
-            f"[bold green]done[/]: final accuracy {s.get('final accuracy')}, {s.get('MB up')} MB up, "
+            f"[bold green]done[/]: final {metric} {s.get(f'final {metric}')}, {s.get('MB up')} MB up, "
             f"{s.get('MB down')} MB down, {s.get('wall s')} s"
         )
     console.print(f"report: [bold]{rundir.report}[/]")

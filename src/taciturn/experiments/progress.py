@@ -1,4 +1,4 @@
-"""A rich progress bar for a run: round, test accuracy and bytes so far."""
+"""A rich progress bar for a run: round, the test metric and bytes so far."""
 
 from __future__ import annotations
 
@@ -25,20 +25,20 @@ def human_bytes(n: float) -> str:
 
 
 class RoundProgress:
-    def __init__(self, rounds: int, done: int, enabled: bool = True):
-        self.enabled = enabled
+    def __init__(self, rounds: int, done: int, enabled: bool = True, metric: str = "accuracy"):
+        self.enabled, self.metric = enabled, metric
         self.progress = Progress(
             TextColumn("[bold]round"),
             MofNCompleteColumn(),
             BarColumn(),
-            TextColumn("acc {task.fields[accuracy]}"),
+            TextColumn(f"{metric} {{task.fields[score]}}"),
             TextColumn("up {task.fields[up]}  down {task.fields[down]}"),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
             disable=not enabled,
         )
         self.task = self.progress.add_task(
-            "run", total=rounds, completed=done, accuracy="-", up="0 B", down="0 B"
+            "run", total=rounds, completed=done, score="-", up="0 B", down="0 B"
         )
 
     def __enter__(self) -> RoundProgress:
@@ -54,5 +54,5 @@ class RoundProgress:
             "down": human_bytes(ledger.totals(Direction.DOWN).bytes_sent),
         }
         if row is not None:
-            fields["accuracy"] = f"{row['accuracy']:.4f}"
+            fields["score"] = f"{row[self.metric]:.4f}"
         self.progress.update(self.task, completed=round, **fields)

@@ -154,12 +154,13 @@ def start(
         )
     exp = prepare(config, out)  # everything that can fail on config or data fails here
     if rundir.path.exists():
-        for stale in (rundir.metrics, rundir.ledger, rundir.events, rundir.log, rundir.report):
+        for stale in (rundir.metrics, rundir.ledger, rundir.events, rundir.log, rundir.report, rundir.info):
             stale.unlink(missing_ok=True)
         for folder in (rundir.checkpoints, rundir.plots):
             shutil.rmtree(folder, ignore_errors=True)
     rundir.path.mkdir(parents=True, exist_ok=True)
     rundir.config.write_text(to_toml(config))
+    rundir.info.write_text(json.dumps({"primary_metric": exp.task.primary_metric, "engine": exp.engine_note}))
     _write_partition(exp)
     params = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))
     state = exp.algorithm.init_server(params, exp.data.num_clients)
@@ -238,7 +239,9 @@ def _loop(
         config.rounds,
     )
     try:
-        with RoundProgress(config.rounds, counters["round"], enabled=progress) as bar:
+        with RoundProgress(
+            config.rounds, counters["round"], enabled=progress, metric=exp.task.primary_metric
+        ) as bar:
             for round in range(counters["round"] + 1, config.rounds + 1):
                 started = time.perf_counter()
                 state, report = exp.federation.run_round(state, round)

@@ -46,16 +46,16 @@ def table(header: list[str], rows: list[list], numeric_from: int = 1) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def summary(rows: list[dict]) -> dict:
+def summary(rows: list[dict], metric: str = "accuracy") -> dict:
     """Headline numbers of one run's metrics."""
     if not rows:
         return {}
     last = rows[-1]
-    best = max(rows, key=lambda r: r["accuracy"])
+    best = max(rows, key=lambda r: r[metric])
     return {
         "rounds": last["round"],
-        "final accuracy": round(last["accuracy"], 4),
-        "best accuracy": f"{best['accuracy']:.4f} (round {best['round']})",
+        f"final {metric}": round(last[metric], 4),
+        f"best {metric}": f"{best[metric]:.4f} (round {best['round']})",
         "MB up": round(last["bytes_up"] / 1e6, 3),
         "MB down": round(last["bytes_down"] / 1e6, 3),
         "messages up (delivered)": f"{last['messages_up']} ({last['delivered_up']})",
@@ -70,7 +70,8 @@ def write_report(rundir: RunDir) -> Path:
     images = plots.run_plots(rundir)
     rows = rundir.read_metrics()
     parts = [f"<h1>taciturn run: {html.escape(rundir.path.name)}</h1>"]
-    parts.append(table(["", "value"], [[k, v] for k, v in summary(rows).items()]))
+    metric = rundir.primary_metric()
+    parts.append(table(["", "value"], [[k, v] for k, v in summary(rows, metric).items()]))
     parts += [
         "<h2>Accuracy</h2>",
         image(images["accuracy"]),
@@ -123,7 +124,16 @@ def _histogram_table(part: dict, max_clients: int = 100) -> str:
 
 
 def _metrics_table(rows: list[dict]) -> str:
-    keys = ["round", "accuracy", "loss", "bytes_up", "bytes_down", "messages_up", "messages_down", "wall_s"]
+    keys = [
+        "round",
+        *[k for k in ("accuracy", "rougeL") if k in rows[-1]],
+        "loss",
+        "bytes_up",
+        "bytes_down",
+        "messages_up",
+        "messages_down",
+        "wall_s",
+    ]
     body = [[r[k] if not isinstance(r[k], float) else f"{r[k]:.4f}" for k in keys] for r in rows]
     return f"<details><summary>{len(rows)} evaluations</summary>{table(keys, body, 0)}</details>"
 
@@ -141,15 +151,18 @@ def write_comparison(rundirs: list[RunDir], out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     labels = _labels(rundirs)
     series = [(label, r.read_metrics()) for label, r in zip(labels, rundirs, strict=True)]
-    acc = plots.accuracy_vs_round(series, out / "accuracy_vs_round.png")
-    comm = plots.accuracy_vs_bytes(series, out / "accuracy_vs_bytes.png")
-    keys = list(summary(series[0][1]))
-    overview = table(["run", *keys], [[label, *summary(rows).values()] for label, rows in series])
+    metric = rundirs[0].primary_metric()
+    acc = plots.accuracy_vs_round(series, out / "accuracy_vs_round.png", metric)
+    comm = plots.accuracy_vs_bytes(series, out / "accuracy_vs_bytes.png", metric)
+    keys = list(summary(series[0][1], metric))
+    overview = table(["run", *keys], [[label, *summary(rows, metric).values()] for label, rows in series])
     configs = "".join(
         f"<details><summary>{html.escape(label)}</summary><pre>{html.escape(r.config.read_text())}</pre></details>"
         for label, r in zip(labels, rundirs, strict=True)
     )
-    (out / "summary.json").write_text(json.dumps({label: summary(rows) for label, rows in series}, indent=1))
+    (out / "summary.json").write_text(
+        json.dumps({label: summary(rows, metric) for label, rows in series}, indent=1)
+    )
     links = " · ".join(
         f"<a href='{html.escape(os.path.relpath(r.report, out))}'>{html.escape(label)}</a>"
         for label, r in zip(labels, rundirs, strict=True)

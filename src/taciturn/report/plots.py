@@ -35,13 +35,13 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def accuracy_vs_round(series: Series, path: Path) -> Path:
+def accuracy_vs_round(series: Series, path: Path, metric: str = "accuracy") -> Path:
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10, 3.8))
     for label, rows in series:
         rounds = [r["round"] for r in rows]
-        ax_acc.plot(rounds, [r["accuracy"] for r in rows], label=label)
+        ax_acc.plot(rounds, [r[metric] for r in rows], label=label)
         ax_loss.plot(rounds, [r["loss"] for r in rows], label=label)
-    ax_acc.set(xlabel="round", ylabel="test accuracy", title="Accuracy vs round")
+    ax_acc.set(xlabel="round", ylabel=f"test {metric}", title=f"{metric} vs round")
     ax_loss.set(xlabel="round", ylabel="test loss", title="Loss vs round")
     for ax in (ax_acc, ax_loss):
         ax.grid(alpha=0.3)
@@ -50,13 +50,13 @@ def accuracy_vs_round(series: Series, path: Path) -> Path:
     return _save(fig, path)
 
 
-def accuracy_vs_bytes(series: Series, path: Path) -> Path:
+def accuracy_vs_bytes(series: Series, path: Path, metric: str = "accuracy") -> Path:
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for label, rows in series:
         total = [(r["bytes_up"] + r["bytes_down"]) / 1e6 for r in rows]
-        ax.plot(total, [r["accuracy"] for r in rows], marker=".", label=label)
+        ax.plot(total, [r[metric] for r in rows], marker=".", label=label)
     ax.set(
-        xlabel="cumulative bytes, up + down (MB)", ylabel="test accuracy", title="Accuracy vs communication"
+        xlabel="cumulative bytes, up + down (MB)", ylabel=f"test {metric}", title=f"{metric} vs communication"
     )
     ax.grid(alpha=0.3)
     if len(series) > 1:
@@ -92,9 +92,10 @@ def partition_histogram(partition: dict, path: Path) -> Path:
 def run_plots(rundir: RunDir) -> dict[str, Path]:
     rows = rundir.read_metrics()
     series = [(rundir.path.name, rows)]
+    metric = rundir.primary_metric()
     plots = {
-        "accuracy": accuracy_vs_round(series, rundir.plots / "accuracy_vs_round.png"),
-        "bytes": accuracy_vs_bytes(series, rundir.plots / "accuracy_vs_bytes.png"),
+        "accuracy": accuracy_vs_round(series, rundir.plots / "accuracy_vs_round.png", metric),
+        "bytes": accuracy_vs_bytes(series, rundir.plots / "accuracy_vs_bytes.png", metric),
         "traffic": traffic_per_round(rundir.ledger, rundir.plots / "bytes_per_round.png"),
     }
     if rundir.partition.exists():

@@ -29,6 +29,7 @@ class RunDir:
     ledger = property(lambda self: self.path / "ledger.csv")
     events = property(lambda self: self.path / "events.jsonl")
     partition = property(lambda self: self.path / "partition.json")
+    info = property(lambda self: self.path / "run.json")
     checkpoints = property(lambda self: self.path / "checkpoints")
     plots = property(lambda self: self.path / "plots")
     report = property(lambda self: self.path / "report.html")
@@ -54,6 +55,12 @@ class RunDir:
 
     def read_partition(self) -> dict[str, Any]:
         return json.loads(self.partition.read_text())
+
+    def primary_metric(self) -> str:
+        """The evaluation metric plots and summaries lead with ("accuracy" unless run.json says)."""
+        if self.info.exists():
+            return json.loads(self.info.read_text()).get("primary_metric", "accuracy")
+        return "accuracy"
 
     # ----- resume support -----
     def truncate_after(self, round: int) -> None:
