@@ -103,13 +103,9 @@ def _existing_run(path: str):
 
 
 def _print_summary(rundir) -> None:
-    from taciturn.report.html import summary
+    from taciturn.experiments import types
 
-    s = summary(rundir.read_metrics())
-    console.print(
-        f"[bold green]done[/]: final accuracy {s.get('final accuracy')}, {s.get('MB up')} MB up, "
-        f"{s.get('MB down')} MB down, {s.get('wall s')} s"
-    )
+    console.print(f"[bold green]done[/]: {types.headline(rundir)}")
     console.print(f"report: [bold]{rundir.report}[/]")
 
 

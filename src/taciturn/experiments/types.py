@@ -17,9 +17,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from taciturn.experiments import runner
+from taciturn.experiments import fedq, runner
 from taciturn.experiments.config import ConfigError, RunConfig, read_tree, validate
-from taciturn.report.html import write_report
+from taciturn.report.html import summary, write_report
 from taciturn.report.rundir import RunDir
 
 
@@ -29,10 +29,22 @@ class ExperimentType:
     start: Callable[..., RunDir]  # (config, out, overwrite=, progress=, callbacks=)
     resume: Callable[..., RunDir]  # (path, progress=, callbacks=)
     report: Callable[[RunDir], Path]
+    headline: Callable[[RunDir], str] | None = None  # the line `taciturn run` prints when done
+
+
+def _federated_headline(rundir: RunDir) -> str:
+    s = summary(rundir.read_metrics())
+    return (
+        f"final accuracy {s.get('final accuracy')}, {s.get('MB up')} MB up, "
+        f"{s.get('MB down')} MB down, {s.get('wall s')} s"
+    )
 
 
 TYPES: dict[str, ExperimentType] = {
-    "federated": ExperimentType(RunConfig, runner.start, runner.resume, write_report),
+    "federated": ExperimentType(RunConfig, runner.start, runner.resume, write_report, _federated_headline),
+    "fedq": ExperimentType(
+        fedq.FedQRunConfig, fedq.start, fedq.resume, fedq.write_fedq_report, fedq.headline
+    ),
 }
 
 
@@ -66,3 +78,8 @@ def resume(path: Path, **options: Any) -> RunDir:
 
 def report(rundir: RunDir) -> Path:
     return _type_of_run(rundir).report(rundir)
+
+
+def headline(rundir: RunDir) -> str:
+    line = _type_of_run(rundir).headline
+    return "" if line is None else line(rundir)
