@@ -91,8 +91,8 @@ class UCBQLearning:
 def run(learner: UCBQLearning, episodes: int, streams: list[Streams], record_at: np.ndarray) -> np.ndarray:
     """Play ``episodes`` episodes on every path; return the exact cumulative regret (P, len(record_at)).
 
-    Path p draws its uniforms from ``streams[p]`` (purpose "episodes", keyed by the block of
-    episodes), so a path's numbers do not depend on which other paths share the batch. Regret
+    Path p draws its uniforms from ``streams[p]`` (its single agent 0, purpose "episodes", keyed by
+    the block of episodes), so a path's numbers do not depend on which other paths share the batch. Regret
     adds V*_1(x_1) - V^{pi_j}_1(x_1) per episode j, with V^{pi_j} re-evaluated whenever a path's
     greedy policy changed.
     """
@@ -109,9 +109,8 @@ def run(learner: UCBQLearning, episodes: int, streams: list[Streams], record_at:
     for block_start in range(0, episodes, _BLOCK):
         size = min(_BLOCK, episodes - block_start)
         block = block_start // _BLOCK
-        u = np.stack(
-            [s.numpy(block, p, "episodes").random((size, mdp.horizon + 1)) for p, s in enumerate(streams)], 1
-        )
+        draws = [s.numpy(block, 0, "episodes").random((size, mdp.horizon + 1)) for s in streams]  # agent 0
+        u = np.stack(draws, axis=1)
         for j in range(size):
             states, changed = learner.episode(u[j])
             regret += gap[paths, states[:, 0]]
