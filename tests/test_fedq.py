@@ -5,7 +5,7 @@ import pytest
 
 from taciturn.core import Channel, Ledger, Message, Streams, codec
 from taciturn.core.ledger import Direction
-from taciturn.rl import FedQ, FedQFederation, UCBQLearning, bonuses, random_mdp
+from taciturn.rl import FedQ, FedQFederation, UCBQLearning, bonuses, random_mdp, ucb
 from taciturn.rl.agents import explore, trigger_thresholds
 from taciturn.rl.mdp import TabularMDP
 from taciturn.rl.step_sizes import alpha
@@ -239,3 +239,19 @@ def test_messages_are_plain_arrays():
     message = fedq.broadcast(fedq.init())
     assert isinstance(message, Message) and set(message.arrays) == {"policy", "count", "value"}
     assert (message.arrays["value"] == 2.0).all() and (message.arrays["policy"] == 0).all()
+
+
+def test_ucb_paths_do_not_depend_on_their_batch_and_regret_is_exact():
+    mdp = hand_mdp(initial=(1.0, 0.0))
+    alone = ucb.run(UCBQLearning(mdp, 1), 300, [Streams(4)], np.array([1, 300]))
+    pair = ucb.run(UCBQLearning(mdp, 2), 300, [Streams(3), Streams(4)], np.array([1, 300]))
+    assert np.array_equal(pair[1], alone[0])
+    assert alone[0, 0] == pytest.approx(0.5)  # the first episode plays action 0: V*_1(0) - V^pi_1(0) = 0.5
+
+
+def test_ucb_bernstein_first_visit_adds_half_the_capped_bonus():
+    mdp = hand_mdp(initial=(1.0, 0.0))
+    learner = UCBQLearning(mdp, 1, "bernstein")
+    states, _ = learner.episode(np.array([[0.3, 0.3, 0.3]]))
+    # step 2 from state 0 with action 0: alpha_1 = 1, Q = r + V_3 + b_1, b_1 = beta_1 / 2 = sqrt(H^3) / 2
+    assert learner.q[0, 1, states[0, 1], 0] == pytest.approx(mdp.rewards[1, states[0, 1], 0] + np.sqrt(8) / 2)
