@@ -101,11 +101,20 @@ def test_resume_ends_with_the_numbers_of_an_uninterrupted_run(tmp_path):
     assert without_time(again) == without_time(whole)  # same seed, same numbers
 
 
-def test_a_different_seed_is_another_path_on_the_same_mdp(tmp_path):
+def test_a_different_seed_is_another_path_on_the_same_mdp_and_compare_overlays_them(tmp_path, capsys):
     a = types.start(types.load(write(tmp_path)), tmp_path / "a", progress=False)
     b = types.start(types.load(write(tmp_path), ["seed=3"]), tmp_path / "b", progress=False)
     assert (a.path / "mdp.safetensors").read_bytes() == (b.path / "mdp.safetensors").read_bytes()
     assert without_time(a) != without_time(b)
+    assert main(["compare", str(a.path), str(b.path), "--out", str(tmp_path / "cmp")]) == 0
+    page = (tmp_path / "cmp" / "compare.html").read_text()
+    assert page.count("data:image/png;base64") == 1 and "Regret / sqrt(M T)" in page
+    assert "compare.html" in capsys.readouterr().err
+    federated = tmp_path / "fed"
+    federated.mkdir()
+    (federated / "config.toml").write_text('name = "x"\n')
+    assert main(["compare", str(a.path), str(federated), "--out", str(tmp_path / "cmp2")]) == 2
+    assert "cannot compare runs of different experiment types" in capsys.readouterr().err
 
 
 def test_an_mdp_of_your_own_from_a_file(tmp_path):

@@ -52,18 +52,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from taciturn.report.html import summary, write_comparison
+    from taciturn.experiments import types
 
-    rundirs = [_existing_run(p) for p in args.runs]
-    out = write_comparison(rundirs, Path(args.out))
+    out, rows = types.compare([_existing_run(p) for p in args.runs], Path(args.out))
+    keys = list(next(iter(rows.values())))
     table = Table(title="comparison")
-    keys = ["final accuracy", "best accuracy", "MB up", "MB down", "rounds", "wall s"]
     table.add_column("run")
     for k in keys:
         table.add_column(k, justify="right")
-    for r in rundirs:
-        s = summary(r.read_metrics())
-        table.add_row(str(r.path), *(str(s.get(k, "-")) for k in keys))
+    for run, row in rows.items():
+        table.add_row(run, *(str(row.get(k, "-")) for k in keys))
     Console().print(table)
     console.print(f"comparison: [bold]{out}[/]")
     return 0

@@ -36,7 +36,7 @@ from taciturn.experiments.config import (
     validate,
 )
 from taciturn.experiments.progress import human_bytes
-from taciturn.report.fedq import MDP_FILE, write_fedq_report
+from taciturn.report.fedq import MDP_FILE, summary, write_fedq_comparison, write_fedq_report
 from taciturn.report.rundir import RunDir
 from taciturn.rl.federation import FedQFederation, RoundRecord
 from taciturn.rl.fedq import FedQ, FedQState
@@ -285,3 +285,11 @@ def headline(rundir: RunDir) -> str:
         f"{last['episodes']} episodes per agent in {last['round']} rounds, regret {last['regret']:.1f}, "
         f"{last['bytes_up'] / 1e6:.3f} MB up, {last['bytes_down'] / 1e6:.3f} MB down, {last['wall_s']} s"
     )
+
+
+def compare(rundirs: list[RunDir], out: Path) -> tuple[Path, dict[str, dict]]:
+    """`taciturn compare` for FedQ runs: regret and rounds overlaid, and a row per run."""
+    keys = ["agents M", "episodes per agent", "rounds", "regret (all agents)", "Regret / sqrt(M T)"]
+    keys += ["MB up", "MB down"]
+    rows = {str(r.path): summary(r) for r in rundirs}
+    return write_fedq_comparison(rundirs, out), {run: {k: s[k] for k in keys} for run, s in rows.items()}

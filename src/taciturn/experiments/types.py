@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from taciturn.experiments import fedq, runner
 from taciturn.experiments.config import ConfigError, RunConfig, read_tree, validate
-from taciturn.report.html import summary, write_report
+from taciturn.report.html import summary, write_comparison, write_report
 from taciturn.report.rundir import RunDir
 
 
@@ -30,6 +30,8 @@ class ExperimentType:
     resume: Callable[..., RunDir]  # (path, progress=, callbacks=)
     report: Callable[[RunDir], Path]
     headline: Callable[[RunDir], str] | None = None  # the line `taciturn run` prints when done
+    # `taciturn compare`: (run dirs, out folder) -> (the comparison page, a table row per run)
+    compare: Callable[[list[RunDir], Path], tuple[Path, dict[str, dict]]] | None = None
 
 
 def _federated_headline(rundir: RunDir) -> str:
@@ -40,10 +42,18 @@ def _federated_headline(rundir: RunDir) -> str:
     )
 
 
+def _federated_comparison(rundirs: list[RunDir], out: Path) -> tuple[Path, dict[str, dict]]:
+    keys = ["final accuracy", "best accuracy", "MB up", "MB down", "rounds", "wall s"]
+    rows = {str(r.path): summary(r.read_metrics()) for r in rundirs}
+    return write_comparison(rundirs, out), {run: {k: s.get(k) for k in keys} for run, s in rows.items()}
+
+
 TYPES: dict[str, ExperimentType] = {
-    "federated": ExperimentType(RunConfig, runner.start, runner.resume, write_report, _federated_headline),
+    "federated": ExperimentType(
+        RunConfig, runner.start, runner.resume, write_report, _federated_headline, _federated_comparison
+    ),
     "fedq": ExperimentType(
-        fedq.FedQRunConfig, fedq.start, fedq.resume, fedq.write_fedq_report, fedq.headline
+        fedq.FedQRunConfig, fedq.start, fedq.resume, fedq.write_fedq_report, fedq.headline, fedq.compare
     ),
 }
 
@@ -72,12 +82,28 @@ def _type_of_run(rundir: RunDir) -> ExperimentType:
     return _type_of(tomllib.loads(rundir.config.read_text()), str(rundir.config))
 
 
+def _type_name(rundir: RunDir) -> str:
+    return next(name for name, kind in TYPES.items() if kind is _type_of_run(rundir))
+
+
 def resume(path: Path, **options: Any) -> RunDir:
     return _type_of_run(RunDir(path)).resume(path, **options)
 
 
 def report(rundir: RunDir) -> Path:
     return _type_of_run(rundir).report(rundir)
+
+
+def compare(rundirs: list[RunDir], out: Path) -> tuple[Path, dict[str, dict]]:
+    """Compare runs of one experiment type side by side."""
+    names = {str(r.path): _type_name(r) for r in rundirs}
+    if len(set(names.values())) > 1:
+        listed = ", ".join(f"{path} ({name})" for path, name in names.items())
+        raise ConfigError(f"cannot compare runs of different experiment types: {listed}")
+    kind = TYPES[next(iter(names.values()))]
+    if kind.compare is None:
+        raise ConfigError(f"`taciturn compare` does not support {next(iter(names.values()))} runs yet")
+    return kind.compare(rundirs, out)
 
 
 def headline(rundir: RunDir) -> str:

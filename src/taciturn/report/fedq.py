@@ -15,7 +15,7 @@ import numpy as np
 
 from taciturn.core.codec import decode
 from taciturn.report import plots
-from taciturn.report.html import image, page, table
+from taciturn.report.html import _labels, image, page, table
 from taciturn.report.rundir import RunDir
 from taciturn.rl.analysis import log_slope, steady_state_slope
 from taciturn.rl.mdp import TabularMDP
@@ -133,3 +133,37 @@ def write_fedq_report(rundir: RunDir) -> Path:
         f"<pre>{html.escape(rundir.config.read_text())}</pre>",
     ]
     return page(rundir.report, f"taciturn: {rundir.path.name}", parts)
+
+
+def write_fedq_comparison(rundirs: list[RunDir], out: Path) -> Path:
+    """Several FedQ runs overlaid: regret, normalised regret and rounds against episodes."""
+    out.mkdir(parents=True, exist_ok=True)
+    labels = _labels(rundirs)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for label, rundir in zip(labels, rundirs, strict=True):
+        rows, agents, mdp = _load(rundir)
+        episodes, regret, rounds = _columns(rows[1:], "episodes", "regret", "round")
+        axes[0].plot(episodes, regret, label=label)
+        axes[1].plot(agents * episodes, regret / np.sqrt(agents * mdp.horizon * episodes), label=label)
+        axes[2].plot(episodes, rounds, label=label)
+    axes[0].set(
+        xscale="log", xlabel="episodes per agent", ylabel="regret (all agents)", title="Regret vs log T"
+    )
+    axes[1].set(xlabel="total episodes M T / H", ylabel="Regret(T) / sqrt(M T)", title="Normalised regret")
+    axes[2].set(xscale="log", xlabel="episodes per agent", ylabel="communication rounds", title="Rounds")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    figure = plots._save(fig, out / "fedq_comparison.png")
+    facts = [summary(r) for r in rundirs]
+    keys = list(facts[0])
+    overview = table(["run", *keys], [[label, *f.values()] for label, f in zip(labels, facts, strict=True)])
+    configs = "".join(
+        f"<details><summary>{html.escape(label)}</summary><pre>{html.escape(r.config.read_text())}</pre></details>"
+        for label, r in zip(labels, rundirs, strict=True)
+    )
+    return page(
+        out / "compare.html",
+        "taciturn FedQ comparison",
+        ["<h1>taciturn FedQ comparison</h1>", overview, image(figure), "<h2>Configs</h2>", configs],
+    )
