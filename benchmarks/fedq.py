@@ -59,9 +59,9 @@ class Scale:
 FULL = Scale(
     paths=10,
     iclr_episodes=30_000,
-    icml_episodes={"H=2,S=2,A=2": 1_000_000, "H=5,S=3,A=2": 300_000},
+    icml_episodes={"H=2,S=2,A=2": 1_000_000, "H=5,S=3,A=2": 1_000_000},
     icml_agents=(1, 2, 5, 10),
-    sweep_episodes=1_000_000,
+    sweep_episodes=10_000_000,
     sweep_values=(2, 4, 6, 8),
 )
 QUICK = Scale(
@@ -88,6 +88,7 @@ class FedQPath:
     bytes_up: int
     bytes_down: int
     scalars_up: int
+    policy_changes: np.ndarray  # cumulative number of (h, x) whose greedy action changed
 
     def regret_at(self, episodes: np.ndarray) -> np.ndarray:
         """Cumulative regret at given episode counts (linear within a round: one policy, so the
@@ -104,15 +105,17 @@ def run_fedq(mdp: TabularMDP, agents: int, bonus: str, episodes: int, seed: int)
     fedq = FedQ(mdp.horizon, mdp.states, mdp.actions, agents, bonus)
     ledger, streams = Ledger(), Streams(seed)
     federation = FedQFederation(mdp, fedq, Channel(ledger, streams), streams)
-    state, done, regret, scalars = fedq.init(), 0, 0.0, 0
-    ends, regrets = [], []
+    state, done, regret, scalars, changes = fedq.init(), 0, 0.0, 0, 0
+    ends, regrets, switches = [], [], []
     while done < episodes:
         state, record = federation.run_round(state, len(ends) + 1, episodes - done)
         done += record.episodes
         regret += record.regret
         scalars += record.scalars_up
+        changes += record.policy_changes
         ends.append(done)
         regrets.append(regret)
+        switches.append(changes)
         if len(ends) % 256 == 0:
             ledger.forget_before(len(ends))  # keep the totals, not per-round rows
     return FedQPath(
@@ -122,6 +125,7 @@ def run_fedq(mdp: TabularMDP, agents: int, bonus: str, episodes: int, seed: int)
         ledger.totals(Direction.UP).bytes_sent,
         ledger.totals(Direction.DOWN).bytes_sent,
         scalars,
+        np.array(switches),
     )
 
 
@@ -302,9 +306,9 @@ class Bench:
         s = self.scale
         episodes, start = s.sweep_episodes, s.sweep_episodes / 20
         grid = np.unique(np.geomspace(start, episodes, 40).astype(np.int64))
-        slopes, curves = {}, {}
+        slopes, curves, switches, gaps = {}, {}, {}, {}
         for swept in ("M", "S", "A"):
-            slopes[swept], curves[swept] = {}, {}
+            slopes[swept], curves[swept], switches[swept], gaps[swept] = {}, {}, {}, {}
             for value in s.sweep_values:
                 H, S, A, M = 2, 2, 2, 2
                 S, A, M = (
@@ -313,17 +317,28 @@ class Bench:
                     (value if swept == "M" else M),
                 )
                 mdp = make_mdp(H, S, A)
-                fits, counted = [], []
+                fits, counted, late_switches = [], [], []
                 for seed in range(s.paths):
                     path = run_fedq(mdp, M, "hoeffding", episodes, seed)
                     after = path.episodes >= start
                     fits.append(log_slope(path.episodes[after], path.rounds[after], start))
                     counted.append(path.rounds_at(grid) - path.rounds_at(np.array([start]))[0])
+                    before = path.policy_changes[~after][-1] if (~after).any() else 0
+                    late_switches.append(path.policy_changes[-1] - before)
                     self.step(f"rounds sweep {swept}={value} path {seed}")
                 slopes[swept][str(value)] = float(np.nanmedian(fits))
                 curves[swept][value] = np.stack(counted)
+                switches[swept][str(value)] = float(np.median(late_switches))
+                gaps[swept][str(value)] = mdp.min_gap()
         self._plot_rounds(grid, curves, slopes)
-        return {"slopes": slopes, "counted_after": start, "episodes_per_agent": episodes, "H": 2}
+        return {
+            "slopes": slopes,
+            "policy_changes_after_start": switches,
+            "delta_min": gaps,
+            "counted_after": start,
+            "episodes_per_agent": episodes,
+            "H": 2,
+        }
 
     def _plot_rounds(self, grid, curves, slopes) -> None:
         fig, axes = plt.subplots(1, 3, figsize=(16, 4))
@@ -332,6 +347,10 @@ class Bench:
             for value, counted in curves[swept].items():
                 median = np.median(counted, axis=0)
                 ax.plot(np.log(grid), median, label=f"{swept}={value}: slope {slopes[swept][str(value)]:.2f}")
+            reference = steady_state_slope(2) * (np.log(grid) - np.log(grid[0]))
+            ax.plot(
+                np.log(grid), reference, ":", color="gray", label=f"steady state {steady_state_slope(2):.2f}"
+            )
             ax.set(
                 xlabel="ln(episodes per agent)",
                 ylabel=f"rounds after {grid[0]} episodes",
@@ -406,12 +425,26 @@ def tables(results: dict) -> list[Table]:
         title=f"ICML 2025: rounds per ln(episodes) after {rounds['counted_after']:.0f} episodes (H = 2)"
     )
     t3.add_column("swept")
+    t3.add_column("")
     values = list(next(iter(rounds["slopes"].values())))
     for v in values:
         t3.add_column(v, justify="right")
-    for swept, by_value in rounds["slopes"].items():
-        t3.add_row(swept, *(f"{by_value[v]:.2f}" for v in values))
+    for swept, line, by_value in _rounds_rows(rounds):
+        t3.add_row(swept, line, *by_value)
     return [t1, t2, t3]
+
+
+def _rounds_rows(rounds: dict) -> list[tuple[str, str, list[str]]]:
+    """Per swept quantity: the slope, the policy changes after the start, and Delta_min, by value."""
+    rows = []
+    for swept, by_value in rounds["slopes"].items():
+        rows.append((swept, "rounds per ln(episodes)", [f"{v:.2f}" for v in by_value.values()]))
+        switches = rounds["policy_changes_after_start"][swept].values()
+        rows.append((swept, "policy changes after the start", [f"{v:.0f}" for v in switches]))
+        rows.append(
+            (swept, "Delta_min of the MDP", [f"{v:.3g}" for v in rounds["delta_min"][swept].values()])
+        )
+    return rows
 
 
 def verdicts(results: dict) -> dict[str, str]:
@@ -523,11 +556,11 @@ def markdown(results: dict) -> str:
         "",
         "![ICML 2025 rounds](img/fedq_icml_rounds.png)",
         "",
-        "| swept | " + " | ".join(next(iter(rounds["slopes"].values()))) + " |",
-        "|---|" + "---:|" * len(next(iter(rounds["slopes"].values()))),
+        "| swept | | " + " | ".join(next(iter(rounds["slopes"].values()))) + " |",
+        "|---|---|" + "---:|" * len(next(iter(rounds["slopes"].values()))),
     ]
-    for swept, by_value in rounds["slopes"].items():
-        lines.append(f"| {swept} | " + " | ".join(f"{s:.2f}" for s in by_value.values()) + " |")
+    for swept, line, values in _rounds_rows(rounds):
+        lines.append(f"| {swept} | {line} | " + " | ".join(values) + " |")
     lines += [
         "",
         "Independent of the swept quantity (spread max - min at most 25% of the mean): "
