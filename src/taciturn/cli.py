@@ -68,19 +68,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from taciturn.report.html import summary, write_comparison
+    from taciturn.experiments import types
 
-    rundirs = [_existing_run(p) for p in args.runs]
-    out = write_comparison(rundirs, Path(args.out))
+    out, rows = types.compare([_existing_run(p) for p in args.runs], Path(args.out))
+    keys = list(next(iter(rows.values())))
     table = Table(title="comparison")
-    metric = rundirs[0].primary_metric()
-    keys = [f"final {metric}", f"best {metric}", "MB up", "MB down", "rounds", "wall s"]
     table.add_column("run")
     for k in keys:
         table.add_column(k, justify="right")
-    for r in rundirs:
-        s = summary(r.read_metrics(), metric)
-        table.add_row(str(r.path), *(str(s.get(k, "-")) for k in keys))
+    for run, row in rows.items():
+        table.add_row(run, *(str(row.get(k, "-")) for k in keys))
     Console().print(table)
     console.print(f"comparison: [bold]{out}[/]")
     return 0
@@ -120,15 +117,10 @@ def _existing_run(path: str):
 
 
 def _print_summary(rundir) -> None:
-    from taciturn.report.html import summary
+    from taciturn.experiments import types
 
-    rows, metric = rundir.read_metrics(), rundir.primary_metric()
-    if rows and metric in rows[-1]:  # other experiment types print their own summary
-        s = summary(rows, metric)
-        console.print(
-            f"[bold green]done[/]: final {metric} {s.get(f'final {metric}')}, {s.get('MB up')} MB up, "
-            f"{s.get('MB down')} MB down, {s.get('wall s')} s"
-        )
+    if line := types.headline(rundir):
+        console.print(f"[bold green]done[/]: {line}")
     console.print(f"report: [bold]{rundir.report}[/]")
 
 

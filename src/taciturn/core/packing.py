@@ -1,6 +1,6 @@
 """Pack a state dataclass (server state, algorithm records) into a Message and back.
 
-Fields may be tensors, dicts of tensors (parameters), JSON scalars or None. This is how server
+Fields may be tensors, NumPy arrays, dicts of tensors (parameters), JSON scalars or None. This is how server
 states are checkpointed through the codec: tensors become arrays, scalars become metadata.
 """
 
@@ -28,6 +28,9 @@ def pack(state: Any) -> Message:
         elif isinstance(value, torch.Tensor):
             meta[_KIND + f.name] = "tensor"
             arrays[f.name] = value.detach().cpu().numpy()
+        elif isinstance(value, np.ndarray):
+            meta[_KIND + f.name] = "array"
+            arrays[f.name] = value
         elif isinstance(value, dict):
             meta[_KIND + f.name] = "dict"
             for key, tensor in value.items():
@@ -48,6 +51,8 @@ def unpack(cls: type[T], message: Message) -> T:
             values[f.name] = None
         elif kind == "tensor":
             values[f.name] = torch.from_numpy(message.arrays[f.name])
+        elif kind == "array":
+            values[f.name] = np.array(message.arrays[f.name])  # a writable copy
         elif kind == "dict":
             values[f.name] = message.tensors(prefix=f"{f.name}/")
         elif kind == "scalar":

@@ -17,11 +17,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from taciturn.experiments import bandits, runner
+from taciturn.experiments import bandits, fedq, runner
 from taciturn.experiments.bandits_config import BanditsConfig
 from taciturn.experiments.config import ConfigError, RunConfig, read_tree, validate
 from taciturn.report import bandits as bandits_report
-from taciturn.report.html import write_report
+from taciturn.report.html import summary, write_comparison, write_report
 from taciturn.report.rundir import RunDir
 
 
@@ -31,10 +31,34 @@ class ExperimentType:
     start: Callable[..., RunDir]  # (config, out, overwrite=, progress=, callbacks=)
     resume: Callable[..., RunDir]  # (path, progress=, callbacks=)
     report: Callable[[RunDir], Path]
+    headline: Callable[[RunDir], str] | None = None  # the line `taciturn run` prints when done
+    # `taciturn compare`: (run dirs, out folder) -> (the comparison page, a table row per run)
+    compare: Callable[[list[RunDir], Path], tuple[Path, dict[str, dict]]] | None = None
+
+
+def _federated_headline(rundir: RunDir) -> str:
+    metric = rundir.primary_metric()
+    s = summary(rundir.read_metrics(), metric)
+    return (
+        f"final {metric} {s.get(f'final {metric}')}, {s.get('MB up')} MB up, "
+        f"{s.get('MB down')} MB down, {s.get('wall s')} s"
+    )
+
+
+def _federated_comparison(rundirs: list[RunDir], out: Path) -> tuple[Path, dict[str, dict]]:
+    metric = rundirs[0].primary_metric()
+    keys = [f"final {metric}", f"best {metric}", "MB up", "MB down", "rounds", "wall s"]
+    rows = {str(r.path): summary(r.read_metrics(), metric) for r in rundirs}
+    return write_comparison(rundirs, out), {run: {k: s.get(k) for k in keys} for run, s in rows.items()}
 
 
 TYPES: dict[str, ExperimentType] = {
-    "federated": ExperimentType(RunConfig, runner.start, runner.resume, write_report),
+    "federated": ExperimentType(
+        RunConfig, runner.start, runner.resume, write_report, _federated_headline, _federated_comparison
+    ),
+    "fedq": ExperimentType(
+        fedq.FedQRunConfig, fedq.start, fedq.resume, fedq.write_fedq_report, fedq.headline, fedq.compare
+    ),
     "bandits": ExperimentType(BanditsConfig, bandits.start, bandits.resume, bandits_report.write_report),
 }
 
@@ -63,9 +87,30 @@ def _type_of_run(rundir: RunDir) -> ExperimentType:
     return _type_of(tomllib.loads(rundir.config.read_text()), str(rundir.config))
 
 
+def _type_name(rundir: RunDir) -> str:
+    return next(name for name, kind in TYPES.items() if kind is _type_of_run(rundir))
+
+
 def resume(path: Path, **options: Any) -> RunDir:
     return _type_of_run(RunDir(path)).resume(path, **options)
 
 
 def report(rundir: RunDir) -> Path:
     return _type_of_run(rundir).report(rundir)
+
+
+def compare(rundirs: list[RunDir], out: Path) -> tuple[Path, dict[str, dict]]:
+    """Compare runs of one experiment type side by side."""
+    names = {str(r.path): _type_name(r) for r in rundirs}
+    if len(set(names.values())) > 1:
+        listed = ", ".join(f"{path} ({name})" for path, name in names.items())
+        raise ConfigError(f"cannot compare runs of different experiment types: {listed}")
+    kind = TYPES[next(iter(names.values()))]
+    if kind.compare is None:
+        raise ConfigError(f"`taciturn compare` does not support {next(iter(names.values()))} runs yet")
+    return kind.compare(rundirs, out)
+
+
+def headline(rundir: RunDir) -> str:
+    line = _type_of_run(rundir).headline
+    return "" if line is None else line(rundir)
