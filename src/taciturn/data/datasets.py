@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,14 +29,28 @@ class ArrayDataset:
         return tuple(self.x_train.shape[1:])
 
 
-def load_dataset(name: str, rng: np.random.Generator, path: Path | None = None, **options) -> ArrayDataset:
-    """Load a dataset by its config name. ``rng`` drives anything random (synthetic data, splits)."""
+def load_dataset(
+    name: str,
+    rng: np.random.Generator,
+    path: Path | None = None,
+    classes: Sequence[int] | None = None,
+    train_size: int | None = None,
+    test_size: int | None = None,
+    **options,
+) -> ArrayDataset:
+    """Load a dataset by its config name. ``rng`` drives anything random (synthetic data, splits).
+
+    ``classes``, ``train_size`` and ``test_size`` cut a smaller problem from it (data/subset.py).
+    """
     from taciturn.data import digits, fashion_mnist, synthetic
+    from taciturn.data.subset import subset
 
     if name == "fashion_mnist":
-        return fashion_mnist.load(path=path, **options)
-    if name == "digits":
-        return digits.load(rng)
-    if name == "synthetic":
-        return synthetic.load(rng, **options)
-    raise ValueError(f"unknown dataset {name!r}; choose fashion_mnist, digits or synthetic")
+        dataset = fashion_mnist.load(path=path, **options)
+    elif name == "digits":
+        dataset = digits.load(rng)
+    elif name == "synthetic":
+        dataset = synthetic.load(rng, **options)
+    else:
+        raise ValueError(f"unknown dataset {name!r}; choose fashion_mnist, digits or synthetic")
+    return subset(dataset, rng, classes, train_size, test_size)

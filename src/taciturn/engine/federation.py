@@ -31,6 +31,7 @@ class RoundReport:
     rejected: list[tuple[int, str]] = field(default_factory=list)
     failed: list[tuple[int, str]] = field(default_factory=list)
     train_loss: float | None = None  # mean local loss over accepted uplinks that report one
+    arrivals: list[Arrival] = field(default_factory=list)  # the accepted uplinks, for analysis
 
 
 class Federation:
@@ -76,7 +77,9 @@ class Federation:
                 )
             )
         outputs = self.executor.run(contexts)
-        arrivals = self._collect(round, contexts, outputs, algorithm.uplink_spec(state), report)
+        arrivals = report.arrivals = self._collect(
+            round, contexts, outputs, algorithm.uplink_spec(state), report
+        )
         losses = [a.message.meta["train_loss"] for a in arrivals if "train_loss" in a.message.meta]
         report.train_loss = math.fsum(losses) / len(losses) if losses else None
         return algorithm.aggregate(state, round, arrivals), report

@@ -17,6 +17,8 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from taciturn.algorithms import REGISTRY
 from taciturn.algorithms.base import StrictModel
+from taciturn.engine.analysis import AnalysisConfig
+from taciturn.tasks.layers import PYTORCH
 
 
 class ConfigError(ValueError):
@@ -24,12 +26,22 @@ class ConfigError(ValueError):
 
 
 # ----- data -----
-class FashionMnistData(StrictModel):
+class SubsetOptions(StrictModel):
+    """A smaller problem cut from a dataset (data/subset.py)."""
+
+    classes: tuple[Annotated[int, Field(ge=0)], ...] | None = Field(
+        None, description="keep only these classes, relabelled 0, 1, ... in this order"
+    )
+    train_size: int | None = Field(None, ge=1, description="stratified random sample of the training set")
+    test_size: int | None = Field(None, ge=1, description="stratified random sample of the test set")
+
+
+class FashionMnistData(SubsetOptions):
     dataset: Literal["fashion_mnist"] = "fashion_mnist"
     path: Path | None = Field(None, description="folder with the four IDX .gz files (optional)")
 
 
-class DigitsData(StrictModel):
+class DigitsData(SubsetOptions):
     dataset: Literal["digits"]
 
 
@@ -74,21 +86,57 @@ PartitionConfig = Annotated[
 
 
 # ----- model -----
-class LogRegModel(StrictModel):
+class ParameterizationOptions(StrictModel):
+    """How every layer is parameterised and initialised (tasks/layers.py)."""
+
+    parameterization: Literal["pytorch", "standard", "ntk"] = Field(
+        "pytorch",
+        description="pytorch: default init; standard: N(0, weight_var/fan_in) weights; "
+        "ntk: N(0, 1) weights scaled by sqrt(weight_var/fan_in) in the forward pass",
+    )
+    weight_var: float | None = Field(None, gt=0, description="sigma_w^2 (standard and ntk; default 1.5)")
+    bias_var: float | None = Field(None, ge=0, description="sigma_b^2 (standard and ntk; default 0.01)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_variances(cls, tree: Any) -> Any:
+        """The Gaussian parameterisations get Jian & Liu's variances unless told otherwise."""
+        if isinstance(tree, dict) and tree.get("parameterization") in ("standard", "ntk"):
+            return {"weight_var": PYTORCH.weight_var, "bias_var": PYTORCH.bias_var, **tree}
+        return tree
+
+    @model_validator(mode="after")
+    def _variances_need_a_gaussian_init(self) -> ParameterizationOptions:
+        given = [k for k in ("weight_var", "bias_var") if getattr(self, k) is not None]
+        if given and self.parameterization == "pytorch":
+            raise ValueError(
+                f"{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} only with "
+                "parameterization = 'standard' or 'ntk' (the default 'pytorch' uses PyTorch's own "
+                "initialisation)"
+            )
+        return self
+
+
+class LogRegModel(ParameterizationOptions):
     kind: Literal["logreg"]
 
 
-class MlpModel(StrictModel):
+class MlpModel(ParameterizationOptions):
     kind: Literal["mlp"] = "mlp"
     hidden: tuple[Annotated[int, Field(ge=1)], ...] = (200,)
 
 
-class CnnModel(StrictModel):
+class CnnModel(ParameterizationOptions):
     kind: Literal["cnn"]
     padding: Literal["same", "valid"] = "same"
 
 
-ModelConfig = Annotated[LogRegModel | MlpModel | CnnModel, Field(discriminator="kind")]
+class LenetModel(ParameterizationOptions):
+    kind: Literal["lenet"]
+    width: int = Field(1, ge=1, description="k: conv 6k, 16k; fc 120k, 84k (Jian & Liu's CNN_k)")
+
+
+ModelConfig = Annotated[LogRegModel | MlpModel | CnnModel | LenetModel, Field(discriminator="kind")]
 
 AlgorithmConfigs = Annotated[
     Union[tuple(cls.Config for cls in REGISTRY.values())],  # noqa: UP007 (built from the registry)
@@ -126,6 +174,9 @@ class RunConfig(StrictModel):
     name: str = Field("run", min_length=1)
     seed: int = Field(0, ge=0)
     rounds: int = Field(50, ge=1)
+    loss: Literal["cross_entropy", "mse"] = Field(
+        "cross_entropy", description="mse: squared error to one-hot targets (one 0/1 output for two classes)"
+    )
     data: DataConfig = FashionMnistData()
     partition: PartitionConfig = DirichletPartition()
     model: ModelConfig = MlpModel()
@@ -133,6 +184,7 @@ class RunConfig(StrictModel):
     channel: ChannelConfig = ChannelConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    analysis: AnalysisConfig = AnalysisConfig()
     executor: Literal["sequential"] = "sequential"
 
     @model_validator(mode="before")
@@ -147,8 +199,19 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="after")
     def _model_fits_data(self) -> RunConfig:
-        if self.model.kind == "cnn" and self.data.dataset == "synthetic":
-            raise ValueError("model.kind = 'cnn' needs image data; use mlp or logreg with synthetic data")
+        if self.model.kind in ("cnn", "lenet") and self.data.dataset == "synthetic":
+            raise ValueError(
+                f"model.kind = '{self.model.kind}' needs image data; use mlp or logreg with synthetic data"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _twin_steps(self) -> RunConfig:
+        if self.analysis.centralized and self.algorithm.local.steps is None:
+            raise ValueError(
+                "analysis.centralized takes algorithm.local.steps gradient steps per round, as each client "
+                "does; set algorithm.local.steps (with epochs, clients take different numbers of steps)"
+            )
         return self
 
 

@@ -23,12 +23,14 @@ from taciturn.core.state_store import MemoryStateStore
 from taciturn.data.datasets import load_dataset
 from taciturn.data.federated import FederatedData
 from taciturn.data.partition import partition
+from taciturn.engine.analysis import Analysis, TwinState
 from taciturn.engine.executor import SequentialExecutor
 from taciturn.engine.federation import Federation, RoundReport
 from taciturn.experiments import checkpoint
 from taciturn.experiments.config import ConfigError, RunConfig, load_config, to_toml
 from taciturn.experiments.progress import RoundProgress
 from taciturn.report.rundir import RunDir
+from taciturn.tasks import squared_error
 from taciturn.tasks.base import Task
 from taciturn.tasks.classification import ClassificationTask
 from taciturn.tasks.models import build_model
@@ -53,14 +55,21 @@ class Experiment:
     ledger: Ledger
     store: MemoryStateStore
     federation: Federation
+    analysis: Analysis | None = None
 
 
 def prepare(config: RunConfig, out: Path, ledger: Ledger | None = None) -> Experiment:
     streams = Streams(config.seed)
     options = config.data.model_dump(exclude={"dataset", "path"})
-    dataset = load_dataset(
-        config.data.dataset, streams.numpy(0, SERVER, "data"), getattr(config.data, "path", None), **options
-    )
+    try:
+        dataset = load_dataset(
+            config.data.dataset,
+            streams.numpy(0, SERVER, "data"),
+            getattr(config.data, "path", None),
+            **options,
+        )
+    except ValueError as error:  # an impossible subset (classes, train_size, test_size)
+        raise ConfigError(f"[data] {error}") from None
     part_options = config.partition.model_dump(exclude={"kind", "num_clients"})
     parts = partition(
         dataset.y_train.numpy(),
@@ -71,20 +80,28 @@ def prepare(config: RunConfig, out: Path, ledger: Ledger | None = None) -> Exper
     )
     data = FederatedData.from_parts(dataset, parts)
     model_options = config.model.model_dump(exclude={"kind"})
+    squared = config.loss == "mse"
+    outputs = squared_error.num_outputs(dataset.num_classes) if squared else dataset.num_classes
     try:
-        model = build_model(config.model.kind, dataset.input_shape, dataset.num_classes, **model_options)
+        model = build_model(config.model.kind, dataset.input_shape, outputs, **model_options)
     except ValueError as error:
         raise ConfigError(
             f"[model] {error} (data {config.data.dataset}: input {dataset.input_shape})"
         ) from None
-    task = ClassificationTask(model, dataset.x_test, dataset.y_test, config.eval.batch_size)
+    task_class = squared_error.SquaredErrorTask if squared else ClassificationTask
+    task = task_class(model, dataset.x_test, dataset.y_test, config.eval.batch_size)
     algorithm = build_algorithm(config.algorithm)
     ledger = ledger or Ledger()
     channel = Channel(ledger, streams, config.channel.drop_up, config.channel.drop_down)
     store = MemoryStateStore()
     executor = SequentialExecutor(algorithm)
     federation = Federation(algorithm, executor, channel, store, streams, data, task.loss)
-    return Experiment(config, RunDir(out), streams, data, task, algorithm, ledger, store, federation)
+    analysis = (
+        Analysis(config.analysis, model, task, data, algorithm, streams) if config.analysis.enabled else None
+    )
+    return Experiment(
+        config, RunDir(out), streams, data, task, algorithm, ledger, store, federation, analysis
+    )
 
 
 def _write_partition(exp: Experiment) -> None:
@@ -136,6 +153,8 @@ def start(
     _write_partition(exp)
     params = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))
     state = exp.algorithm.init_server(params, exp.data.num_clients)
+    if exp.analysis is not None:
+        exp.analysis.begin(params)
     counters = {"round": 0, "wall_s": 0.0, "rejected": 0, "failed": 0}
     row = _evaluate(exp, state, counters, None)
     RunDir.append_jsonl(rundir.metrics, row)
@@ -155,17 +174,21 @@ def resume(path: Path, progress: bool = True, callbacks: tuple[RoundCallback, ..
     round, folder = latest
     rundir.truncate_after(round)
     exp = prepare(config, path, ledger=Ledger.from_csv(rundir.ledger, up_to_round=round))
-    initial = exp.algorithm.init_server(
-        exp.task.init_params(exp.streams.torch(0, SERVER, "init")), exp.data.num_clients
-    )
+    params = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))
+    initial = exp.algorithm.init_server(params, exp.data.num_clients)
     state, counters = checkpoint.load(folder, type(initial), exp.store)
+    if exp.analysis is not None:
+        exp.analysis.begin(params, checkpoint.load_extra(folder, "analysis", TwinState))
     return _loop(exp, state, counters, progress, callbacks)
 
 
 def _evaluate(
     exp: Experiment, state: Any, counters: dict[str, Any], report: RoundReport | None
 ) -> dict[str, Any]:
-    scores = exp.task.evaluate(exp.algorithm.global_params(state))
+    params = exp.algorithm.global_params(state)
+    scores = exp.task.evaluate(params)
+    if exp.analysis is not None:
+        scores |= exp.analysis.metrics(params)
     up, down = exp.ledger.totals(Direction.UP), exp.ledger.totals(Direction.DOWN)
     return {
         "round": counters["round"],
@@ -213,8 +236,11 @@ def _loop(
         with RoundProgress(config.rounds, counters["round"], enabled=progress) as bar:
             for round in range(counters["round"] + 1, config.rounds + 1):
                 started = time.perf_counter()
+                started_from = state
                 state, report = exp.federation.run_round(state, round)
                 counters["wall_s"] += time.perf_counter() - started
+                if exp.analysis is not None:
+                    exp.analysis.after_round(round, started_from, report)  # not timed: not FedAvg's cost
                 exp.ledger.append_csv(rundir.ledger, round)
                 _record_events(rundir, report)
                 if report.selected and len(report.failed) == len(report.selected):
@@ -231,7 +257,8 @@ def _loop(
                     RunDir.append_jsonl(rundir.metrics, row)
                     counters["wall_s"] += time.perf_counter() - started
                 if round % config.checkpoint.every == 0 or round == config.rounds:
-                    checkpoint.save(rundir.checkpoint_dir(round), state, exp.store, counters)
+                    extras = {} if exp.analysis is None else exp.analysis.checkpoint_extras()
+                    checkpoint.save(rundir.checkpoint_dir(round), state, exp.store, counters, extras)
                     rundir.prune_checkpoints(config.checkpoint.keep)
                 bar.update(round, row, exp.ledger)
                 for callback in callbacks:

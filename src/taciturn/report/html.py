@@ -92,6 +92,14 @@ def write_report(rundir: RunDir) -> Path:
             image(images["partition"]),
             _histogram_table(part),
         ]
+    if "analysis" in images or "centralized" in images:
+        parts += [
+            "<h2>Lazy-training analysis</h2>",
+            "<p>Distances that shrink like n<sup>-1/2</sup> with the width n when training is lazy "
+            "(Jian &amp; Liu, ICML 2025). The centralized twin takes as many gradient steps as each "
+            "client, on the pooled data, from the same initial weights.</p>",
+            *(image(images[k]) for k in ("analysis", "centralized") if k in images),
+        ]
     events = RunDir.read_jsonl(rundir.events)
     if events:
         parts += [
