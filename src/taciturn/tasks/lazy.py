@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, jvp
 
-from taciturn.core.params import Params, num_elements, sq_norm, sub, weighted_sum
+from taciturn.core.params import Params, num_elements, sub, weighted_sum
 
 
 @torch.no_grad()
@@ -35,9 +35,15 @@ def rmse(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).pow(2).mean().sqrt())
 
 
+def squared_norm(p: Params) -> float:
+    """||p||^2 summed exactly over tensors (math.fsum), so the result does not depend on the order
+    of the dict, which differs between a model's and a decoded message's parameters."""
+    return math.fsum(float(v.double().pow(2).sum()) for v in p.values())
+
+
 def param_rmse(a: Params, b: Params) -> float:
     """sqrt(||a - b||^2 / |a|): the RMSE between two parameter vectors."""
-    return math.sqrt(float(sq_norm(sub(a, b))) / num_elements(a))
+    return math.sqrt(squared_norm(sub(a, b)) / num_elements(a))
 
 
 def divergence(models: Sequence[Params], weights: Sequence[float]) -> float:
@@ -53,7 +59,7 @@ def divergence(models: Sequence[Params], weights: Sequence[float]) -> float:
     total = math.fsum(weights)
     p = [w / total for w in weights]
     mean = weighted_sum(zip(p, models, strict=True))
-    return math.fsum(p_i * math.sqrt(float(sq_norm(sub(m, mean)))) for p_i, m in zip(p, models, strict=True))
+    return math.fsum(p_i * math.sqrt(squared_norm(sub(m, mean))) for p_i, m in zip(p, models, strict=True))
 
 
 def linearization_rmse(
@@ -68,7 +74,7 @@ def linearization_rmse(
     parameters, the ones training reached.
     """
     anchor = {k: v.detach() for k, v in params0.items()}
-    step = sub({k: v.detach() for k, v in params.items()}, anchor)
+    step = {k: params[k].detach() - v for k, v in anchor.items()}  # jvp wants anchor's key order
     squared, count = 0.0, 0
     with torch.no_grad():
         for s in range(0, len(x), batch_size):
@@ -82,3 +88,46 @@ def linearization_rmse(
             squared += float(diff.pow(2).sum())
             count += diff.numel()
     return math.sqrt(squared / count)
+
+
+def linearized_fedavg(
+    theta: torch.Tensor,
+    f0: torch.Tensor,
+    targets: torch.Tensor,
+    clients: Sequence[Sequence[int]],
+    lr: float,
+    local_steps: int,
+    rounds: int,
+) -> torch.Tensor:
+    """Outputs of the linearised network trained by FedAvg, in function space: the infinite-width
+    prediction for a run that starts from the initialisation with kernel ``theta``.
+
+    Full participation, ``local_steps`` full-batch gradient steps per client on the squared loss
+    1/(2 N_i) sum_j ||f(x_j) - t_j||^2 (tasks/squared_error.py), sample-weighted averaging. A
+    linearised model's parameter step moves its outputs by J dtheta, so client i's local step is
+        f <- f - (lr / N_i) Theta[:, S_i] (f[S_i] - t[S_i])
+    over all M points, and averaging parameters averages outputs. Centralized gradient descent is
+    the same recursion with one client holding every training point (Jian & Liu's Thm 3 compares
+    the two; their closed form is its gradient-flow limit).
+
+    theta: (M*C, M*C) empirical NTK over M points, sample-major (tasks/ntk.py); f0: (M, C) outputs
+    at initialisation; targets: (M, C), read only at training points; clients: each client's
+    training points as indices into the M points. Returns the outputs after 0..rounds rounds,
+    shape (rounds + 1, M, C).
+    """
+    m, c = f0.shape
+    total = sum(len(points) for points in clients)
+    rows = [torch.as_tensor(points, dtype=torch.int64) for points in clients]
+    flat = [(r.unsqueeze(1) * c + torch.arange(c)).reshape(-1) for r in rows]  # (sample, output) rows
+    f, t = f0.reshape(-1).to(theta.dtype), targets.reshape(-1).to(theta.dtype)
+    trajectory = [f.clone()]
+    for _ in range(rounds):
+        averaged = torch.zeros_like(f)
+        for points, index in zip(rows, flat, strict=True):
+            local = f.clone()
+            for _ in range(local_steps):
+                local -= (lr / len(points)) * theta[:, index] @ (local[index] - t[index])
+            averaged += (len(points) / total) * local
+        f = averaged
+        trajectory.append(f.clone())
+    return torch.stack(trajectory).reshape(rounds + 1, m, c)

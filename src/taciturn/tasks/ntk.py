@@ -69,7 +69,7 @@ def empirical_ntk(model: nn.Module, params: Params, x: torch.Tensor, chunk: int 
             kernel = kernel.repeat_interleave(c, dim=0).repeat_interleave(c, dim=1)
             theta += (delta @ delta.T) * kernel
     done = {f"{name}.{p}" for name in structured for p in ("weight", "bias")}
-    rest = [k for k in params if k not in done]
+    rest = [k for k, _ in model.named_parameters() if k not in done]  # model order: same sums every run
     if rest:
         theta += _jacobian_ntk(model, params, rest, x, chunk)
     return theta.detach()
