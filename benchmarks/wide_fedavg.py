@@ -525,9 +525,8 @@ def markdown(scale: Scale, theory: dict, layers: dict, practical: dict, command:
     return "\n".join(lines) + "\n"
 
 
-def write_docs_section(text: str, findings: Path) -> None:
-    """Replace this benchmark's section of docs/benchmarks.md (other sections stay as they are)."""
-    docs = ROOT / "docs" / "benchmarks.md"
+def write_docs_section(docs: Path, text: str, findings: Path) -> None:
+    """Replace this benchmark's section of ``docs`` (other sections stay as they are)."""
     body = text + ("\n" + findings.read_text() if findings.exists() else "")
     old = docs.read_text() if docs.exists() else "# Benchmarks\n"
     start = old.find("## Wide FedAvg")
@@ -604,7 +603,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quick:
         command = "python benchmarks/wide_fedavg.py"
         findings = ROOT / "benchmarks" / "wide_fedavg_findings.md"  # the reading of the numbers, by hand
-        write_docs_section(markdown(scale, theory, layers, practical, command, minutes), findings)
+        text = markdown(scale, theory, layers, practical, command, minutes)
+        write_docs_section(ROOT / "docs" / "benchmarks.md", text, findings)
     console.print(f"results: {target} ({minutes:.1f} min)")
     return 0
 

@@ -100,13 +100,11 @@ class Analysis:
         algorithm: Algorithm,
         streams: Streams,
     ):
-        self.config, self.model, self.task, self.algorithm, self.streams = (
-            config,
-            model,
-            task,
-            algorithm,
-            streams,
-        )
+        self.config = config
+        self.model = model
+        self.task = task
+        self.algorithm = algorithm
+        self.streams = streams
         self.pooled = PooledData(data)
         self.scales = {k: s for k, s in effective_scales(model).items() if s != 1.0}
         # Centralized SGD is FedAvg's local training on the pooled data: one optimizer, one code path.
