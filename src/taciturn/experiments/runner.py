@@ -157,7 +157,7 @@ def start(
         exp.analysis.begin(params)
     counters = {"round": 0, "wall_s": 0.0, "rejected": 0, "failed": 0}
     row = _evaluate(exp, state, counters, None)
-    RunDir.append_jsonl(rundir.metrics, row)
+    RunDir.append_jsonl(rundir.metrics, _with_analysis(exp, state, row))
     return _loop(exp, state, counters, progress, callbacks)
 
 
@@ -185,10 +185,7 @@ def resume(path: Path, progress: bool = True, callbacks: tuple[RoundCallback, ..
 def _evaluate(
     exp: Experiment, state: Any, counters: dict[str, Any], report: RoundReport | None
 ) -> dict[str, Any]:
-    params = exp.algorithm.global_params(state)
-    scores = exp.task.evaluate(params)
-    if exp.analysis is not None:
-        scores |= exp.analysis.metrics(params)
+    scores = exp.task.evaluate(exp.algorithm.global_params(state))
     up, down = exp.ledger.totals(Direction.UP), exp.ledger.totals(Direction.DOWN)
     return {
         "round": counters["round"],
@@ -205,6 +202,13 @@ def _evaluate(
         "failed": counters["failed"],
         "wall_s": round(counters["wall_s"], 3),
     }
+
+
+def _with_analysis(exp: Experiment, state: Any, row: dict[str, Any]) -> dict[str, Any]:
+    """The row plus the analysis columns, computed outside the timed part (not the algorithm's cost)."""
+    if exp.analysis is None:
+        return row
+    return row | exp.analysis.metrics(exp.algorithm.global_params(state))
 
 
 def _record_events(rundir: RunDir, report: RoundReport) -> None:
@@ -254,8 +258,9 @@ def _loop(
                 if round % config.eval.every == 0 or round == config.rounds:
                     started = time.perf_counter()
                     row = _evaluate(exp, state, counters, report)  # wall_s so far, this evaluation excluded
-                    RunDir.append_jsonl(rundir.metrics, row)
                     counters["wall_s"] += time.perf_counter() - started
+                    row = _with_analysis(exp, state, row)
+                    RunDir.append_jsonl(rundir.metrics, row)
                 if round % config.checkpoint.every == 0 or round == config.rounds:
                     extras = {} if exp.analysis is None else exp.analysis.checkpoint_extras()
                     checkpoint.save(rundir.checkpoint_dir(round), state, exp.store, counters, extras)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from taciturn.report import plots
+from taciturn.report import lazy, plots
 from taciturn.report.rundir import RunDir
 
 STYLE = """
@@ -98,6 +98,10 @@ def write_report(rundir: RunDir) -> Path:
             "<p>Distances that shrink like n<sup>-1/2</sup> with the width n when training is lazy "
             "(Jian &amp; Liu, ICML 2025). The centralized twin takes as many gradient steps as each "
             "client, on the pooled data, from the same initial weights.</p>",
+            table(
+                ["", f"round {rows[-1]['round']}"],
+                [[k, f"{rows[-1][k]:.4g}"] for k in lazy.COLUMNS if rows[-1].get(k) is not None],
+            ),
             *(image(images[k]) for k in ("analysis", "centralized") if k in images),
         ]
     events = RunDir.read_jsonl(rundir.events)

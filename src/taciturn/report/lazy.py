@@ -19,6 +19,8 @@ DISTANCES = {
     "centralized_param_rmse": ("FedAvg vs centralized: weights", "RMSE of the weights"),
 }
 
+COLUMNS = (*DISTANCES, "centralized_loss", "centralized_accuracy", "centralized_train_loss")
+
 
 def has_analysis(rows: list[dict]) -> bool:
     return any(key in row for row in rows for key in DISTANCES)
