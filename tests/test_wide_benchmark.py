@@ -36,3 +36,14 @@ def test_the_full_scale_is_the_issue_s_and_configs_validate():
     assert config.algorithm.local.batch_size >= config.data.train_size  # full-batch GD, twin included
     practical = wide_fedavg.practical_config(32, "non-iid", full)
     assert practical.model.hidden == (6400,) and practical.partition.alpha == 0.1
+
+
+def test_the_shipped_wide_config_is_the_benchmark_s_theory_setting():
+    from taciturn.experiments.config import load_config
+
+    path = Path(__file__).resolve().parent.parent / "src/taciturn/experiments/configs/wide.toml"
+    shipped = load_config(path)
+    bench = wide_fedavg.theory_config(512, 5, 0, wide_fedavg.FULL)
+    for part in ("data", "partition", "model", "algorithm", "analysis"):
+        assert getattr(shipped, part) == getattr(bench, part), part
+    assert shipped.loss == bench.loss and shipped.rounds == bench.rounds
