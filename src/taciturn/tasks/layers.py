@@ -45,8 +45,9 @@ class Parameterization:
         sigma_w, sigma_b = math.sqrt(self.weight_var / fan_in), math.sqrt(self.bias_var)
         if self.kind == "ntk":
             return sigma_w, sigma_b, 1.0, 1.0
-        # The authors' code draws every layer's weights with std sqrt(1.5 / n), n the hidden width,
-        # also for the first layer (fan-in 784); we follow the paper's definition, fan-in throughout.
+        # The authors' code (model.py) draws every layer's weights with std sqrt(1.5 / n), n the
+        # hidden width, also the first layer's (fan-in 784); we divide by each layer's fan-in, as
+        # the parameterisations of Lee et al. (2019, Eq. 1) that the paper's theory builds on do.
         return 1.0, 1.0, sigma_w, sigma_b
 
 
