@@ -107,6 +107,11 @@ def test_the_report_shows_the_analysis(tmp_path):
         ({"algorithm": {"name": "fedavg", "local": {"epochs": 2}}}, "set algorithm.local.steps"),
         ({"model": {"kind": "mlp", "weight_var": 2.0}}, "weight_var applies only with parameterization"),
         ({"analysis": {"ntk_chang": True}}, "did you mean 'ntk_change'"),
+        ({"data": {"dataset": "synthetic"}, "model": {"kind": "lenet"}}, "'lenet' needs image data"),
+        (
+            {"model": {"kind": "lenet", "width": 0}},
+            r"\[model.width\] Input should be greater than or equal to 1",
+        ),
     ],
 )
 def test_analysis_and_model_options_are_checked_before_any_work(overrides, expected):
