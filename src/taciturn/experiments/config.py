@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from taciturn.algorithms import REGISTRY
 from taciturn.algorithms.base import StrictModel
 from taciturn.engine.analysis import AnalysisConfig
-from taciturn.tasks.layers import PYTORCH
+from taciturn.tasks.layers import BIAS_VAR, WEIGHT_VAR
 
 
 class ConfigError(ValueError):
@@ -102,7 +102,7 @@ class ParameterizationOptions(StrictModel):
     def _default_variances(cls, tree: Any) -> Any:
         """The Gaussian parameterisations get Jian & Liu's variances unless told otherwise."""
         if isinstance(tree, dict) and tree.get("parameterization") in ("standard", "ntk"):
-            return {"weight_var": PYTORCH.weight_var, "bias_var": PYTORCH.bias_var, **tree}
+            return {"weight_var": WEIGHT_VAR, "bias_var": BIAS_VAR, **tree}
         return tree
 
     @model_validator(mode="after")

@@ -95,9 +95,10 @@ def write_report(rundir: RunDir) -> Path:
     if "analysis" in images or "centralized" in images:
         parts += [
             "<h2>Lazy-training analysis</h2>",
-            "<p>Distances that shrink like n<sup>-1/2</sup> with the width n when training is lazy "
-            "(Jian &amp; Liu, ICML 2025). The centralized twin takes as many gradient steps as each "
-            "client, on the pooled data, from the same initial weights.</p>",
+            "<p>How lazy the training is: with the width n, the clients' divergence, the kernel's "
+            "change and the distance to the linearised model shrink like n<sup>-1/2</sup> (Jian &amp; "
+            "Liu, ICML 2025). The centralized twin takes as many gradient steps as each client, on the "
+            "pooled data, from the same initial weights.</p>",
             table(
                 ["", f"round {rows[-1]['round']}"],
                 [[k, f"{rows[-1][k]:.4g}"] for k in lazy.COLUMNS if rows[-1].get(k) is not None],

@@ -26,13 +26,14 @@ import torch.nn.functional as F
 from torch import nn
 
 Kind = Literal["pytorch", "standard", "ntk"]
+WEIGHT_VAR, BIAS_VAR = 1.5, 0.01  # sigma_w^2 and sigma_b^2 of Jian & Liu's code (model.py)
 
 
 @dataclass(frozen=True)
 class Parameterization:
     kind: Kind = "pytorch"
-    weight_var: float = 1.5  # sigma_w^2; 1.5 and sigma_b = 0.1 are Jian & Liu's code (model.py)
-    bias_var: float = 0.01  # sigma_b^2
+    weight_var: float = WEIGHT_VAR  # sigma_w^2
+    bias_var: float = BIAS_VAR  # sigma_b^2
 
     def __post_init__(self) -> None:
         if self.kind not in ("pytorch", "standard", "ntk"):
@@ -51,7 +52,7 @@ class Parameterization:
         return 1.0, 1.0, sigma_w, sigma_b
 
 
-PYTORCH = Parameterization()
+PYTORCH = Parameterization("pytorch")
 
 
 class _Scaled:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from taciturn.tasks.layers import PYTORCH, Kind, Parameterization, conv2d, linear
+from taciturn.tasks.layers import BIAS_VAR, WEIGHT_VAR, Kind, Parameterization, conv2d, linear
 
 
 def logistic_regression(
@@ -133,7 +133,7 @@ def build_model(
         raise ValueError(f"unknown model {kind!r}; choose one of {', '.join(builders)}")
     p = Parameterization(
         parameterization,
-        PYTORCH.weight_var if weight_var is None else weight_var,
-        PYTORCH.bias_var if bias_var is None else bias_var,
+        WEIGHT_VAR if weight_var is None else weight_var,
+        BIAS_VAR if bias_var is None else bias_var,
     )
     return builders[kind](input_shape, num_classes, parameterization=p, **options)
