@@ -58,7 +58,7 @@ def setting_a(quick: bool) -> dict[str, Any]:
     return {
         "name": "A",
         "rounds": 8 if quick else 150,
-        "data": {"dataset": "fashion_mnist", "train_subset": 2000} if quick else {"dataset": "fashion_mnist"},
+        "data": {"dataset": "fashion_mnist", "train_size": 2000} if quick else {"dataset": "fashion_mnist"},
         "partition": {"kind": "one_class", "num_clients": 10},
         "model": {"kind": "mlp", "hidden": [200]},
         "local": {"epochs": 1, "batch_size": 256, "lr": 0.01, "momentum": 0.9},
@@ -75,7 +75,7 @@ def setting_b(quick: bool) -> dict[str, Any]:
     return {
         "name": "B",
         "rounds": 5 if quick else 100,
-        "data": {"dataset": "fashion_mnist", "train_subset": 1500 if quick else 15000},
+        "data": {"dataset": "fashion_mnist", "train_size": 1500 if quick else 15000},
         "partition": {"kind": "dirichlet", "num_clients": 10 if quick else 100, "alpha": 0.5, "min_size": 10},
         "model": {"kind": "mlp", "hidden": [200]},
         "local": {"epochs": 3, "batch_size": 20, "lr": 0.01, "momentum": 0.9},

@@ -179,14 +179,14 @@ def test_embedded_demo_configs_are_valid():
     assert names == ["fedavg", "event_admm"]
 
 
-def test_train_subset_is_seeded_and_checked(tmp_path):
+def test_train_size_is_seeded_and_checked(tmp_path):
     from taciturn.experiments.runner import prepare
 
     config = tiny_config(
-        data={"dataset": "digits", "train_subset": 300}, partition={"kind": "iid", "num_clients": 4}
+        data={"dataset": "digits", "train_size": 300}, partition={"kind": "iid", "num_clients": 4}
     )
     a, b = prepare(config, tmp_path), prepare(config, tmp_path)
     assert a.data.num_samples == 300
     assert torch.equal(a.data.dataset.x_train, b.data.dataset.x_train)
-    with pytest.raises(ConfigError, match="train_subset"):
-        prepare(tiny_config(data={"dataset": "digits", "train_subset": 5000}), tmp_path)
+    with pytest.raises(ConfigError, match="train_size"):
+        prepare(tiny_config(data={"dataset": "digits", "train_size": 5000}), tmp_path)

@@ -184,6 +184,12 @@ class Algorithm(ABC):
     @abstractmethod
     def global_params(self, state: Any) -> Params: ...
 
+    def client_models(self, state: Any, arrivals: Sequence[Arrival]) -> list[tuple[float, Params]] | None:
+        """For analysis: the arrived clients' trained models with their averaging weights, each model
+        given relative to one common point (any point: only their differences are used); None when
+        the uplinks do not carry models. ``state`` is the server state the round started from."""
+        return None
+
     # ----- client -----
     @abstractmethod
     def client_begin(self, ctx: ClientContext) -> LocalTraining | ClientOutput: ...

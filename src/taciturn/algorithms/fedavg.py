@@ -95,3 +95,7 @@ class FedAvg(Algorithm):
 
     def global_params(self, state: FedAvgState) -> Params:
         return state.params
+
+    def client_models(self, state: FedAvgState, arrivals: Sequence[Arrival]) -> list[tuple[float, Params]]:
+        # The deltas w^k - w_t: the clients' models relative to the broadcast w_t, weighted n_k.
+        return [(float(a.message.meta["num_samples"]), a.message.tensors()) for a in arrivals]

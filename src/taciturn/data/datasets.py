@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,27 +29,28 @@ class ArrayDataset:
         return tuple(self.x_train.shape[1:])
 
 
-def train_subset(dataset: ArrayDataset, size: int, rng: np.random.Generator) -> ArrayDataset:
-    """The same dataset with a random subset of ``size`` training samples (test set unchanged)."""
-    if size > len(dataset.y_train):
-        raise ValueError(f"train_subset={size} exceeds the {len(dataset.y_train)} training samples")
-    keep = torch.from_numpy(np.sort(rng.choice(len(dataset.y_train), size=size, replace=False)))
-    return dataclasses.replace(
-        dataset,
-        x_train=dataset.x_train[keep],
-        y_train=dataset.y_train[keep],
-        source=f"{dataset.source} (random {size} of {len(dataset.y_train)} training samples)",
-    )
+def load_dataset(
+    name: str,
+    rng: np.random.Generator,
+    path: Path | None = None,
+    classes: Sequence[int] | None = None,
+    train_size: int | None = None,
+    test_size: int | None = None,
+    **options,
+) -> ArrayDataset:
+    """Load a dataset by its config name. ``rng`` drives anything random (synthetic data, splits).
 
-
-def load_dataset(name: str, rng: np.random.Generator, path: Path | None = None, **options) -> ArrayDataset:
-    """Load a dataset by its config name. ``rng`` drives anything random (synthetic data, splits)."""
+    ``classes``, ``train_size`` and ``test_size`` cut a smaller problem from it (data/subset.py).
+    """
     from taciturn.data import digits, fashion_mnist, synthetic
+    from taciturn.data.subset import subset
 
     if name == "fashion_mnist":
-        return fashion_mnist.load(path=path, **options)
-    if name == "digits":
-        return digits.load(rng)
-    if name == "synthetic":
-        return synthetic.load(rng, **options)
-    raise ValueError(f"unknown dataset {name!r}; choose fashion_mnist, digits or synthetic")
+        dataset = fashion_mnist.load(path=path, **options)
+    elif name == "digits":
+        dataset = digits.load(rng)
+    elif name == "synthetic":
+        dataset = synthetic.load(rng, **options)
+    else:
+        raise ValueError(f"unknown dataset {name!r}; choose fashion_mnist, digits or synthetic")
+    return subset(dataset, rng, classes, train_size, test_size)

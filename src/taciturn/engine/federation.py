@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from taciturn.algorithms.base import Algorithm
+from taciturn.algorithms.base import Algorithm, Arrival
 from taciturn.core.rng import SERVER, Streams
 from taciturn.engine.executor import Executor
 from taciturn.tasks.base import ClientData
@@ -27,6 +27,7 @@ class RoundReport:
     failed: list[tuple[int, str]] = field(default_factory=list)
     train_loss: float | None = None  # mean local loss over accepted uplinks that report one
     client_info: dict[int, Mapping[str, float]] = field(default_factory=dict)  # ClientOutput.info
+    arrivals: list[Arrival] = field(default_factory=list)  # kept only when the pipeline keeps them (analysis)
 
 
 class Federation:
@@ -54,5 +55,6 @@ class Federation:
             part.failed,
             math.fsum(part.losses) / len(part.losses) if part.losses else None,
             part.client_info,
+            part.arrivals,
         )
         return algorithm.aggregate(state, round, part.accumulated), report

@@ -51,6 +51,7 @@ class RoundPart:
     failed: list[tuple[int, str]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)  # train_loss of accepted uplinks that report one
     client_info: dict[int, Mapping[str, float]] = field(default_factory=dict)
+    arrivals: list[Arrival] = field(default_factory=list)  # only when the pipeline keeps them
 
 
 class ClientPipeline:
@@ -62,8 +63,12 @@ class ClientPipeline:
         streams: Streams,
         data: ClientData,
         loss: Loss,
+        keep_arrivals: bool = False,
     ):
         self.algorithm = algorithm
+        # Per-client updates for analysis (engine/analysis.py); in-process executors only, since
+        # a parallel worker sends back its reduced part, not every update.
+        self.keep_arrivals = keep_arrivals
         algorithm.use_streams(streams)  # before any worker forks: every copy of the algorithm has them
         self.channel = channel
         self.store = store
@@ -143,6 +148,8 @@ class ClientPipeline:
                 part.losses.append(loss)
             arrivals.append(Arrival(ctx.client, arrived))
         part.accumulated = self.algorithm.accumulate(arrivals)
+        if self.keep_arrivals:
+            part.arrivals = arrivals
         return part
 
 
@@ -167,4 +174,5 @@ def merge(algorithm: Algorithm, parts: Sequence[RoundPart]) -> RoundPart:
         merged.failed += p.failed
         merged.losses += p.losses
         merged.client_info.update(p.client_info)
+        merged.arrivals += p.arrivals
     return merged

@@ -17,6 +17,8 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from taciturn.algorithms import REGISTRY
 from taciturn.algorithms.base import StrictModel
+from taciturn.engine.analysis import AnalysisConfig
+from taciturn.tasks.layers import BIAS_VAR, WEIGHT_VAR
 
 
 class ConfigError(ValueError):
@@ -24,15 +26,23 @@ class ConfigError(ValueError):
 
 
 # ----- data -----
-class FashionMnistData(StrictModel):
+class SubsetOptions(StrictModel):
+    """A smaller problem cut from a dataset (data/subset.py)."""
+
+    classes: tuple[Annotated[int, Field(ge=0)], ...] | None = Field(
+        None, description="keep only these classes, relabelled 0, 1, ... in this order"
+    )
+    train_size: int | None = Field(None, ge=1, description="stratified random sample of the training set")
+    test_size: int | None = Field(None, ge=1, description="stratified random sample of the test set")
+
+
+class FashionMnistData(SubsetOptions):
     dataset: Literal["fashion_mnist"] = "fashion_mnist"
     path: Path | None = Field(None, description="folder with the four IDX .gz files (optional)")
-    train_subset: int | None = Field(None, ge=10, description="train on a seeded random subset of this size")
 
 
-class DigitsData(StrictModel):
+class DigitsData(SubsetOptions):
     dataset: Literal["digits"]
-    train_subset: int | None = Field(None, ge=10, description="train on a seeded random subset of this size")
 
 
 class SyntheticData(StrictModel):
@@ -103,16 +113,47 @@ PartitionConfig = Annotated[
 
 
 # ----- model -----
-class LogRegModel(StrictModel):
+class ParameterizationOptions(StrictModel):
+    """How every layer is parameterised and initialised (tasks/layers.py)."""
+
+    parameterization: Literal["pytorch", "standard", "ntk"] = Field(
+        "pytorch",
+        description="pytorch: default init; standard: N(0, weight_var/fan_in) weights; "
+        "ntk: N(0, 1) weights scaled by sqrt(weight_var/fan_in) in the forward pass",
+    )
+    weight_var: float | None = Field(None, gt=0, description="sigma_w^2 (standard and ntk; default 1.5)")
+    bias_var: float | None = Field(None, ge=0, description="sigma_b^2 (standard and ntk; default 0.01)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_variances(cls, tree: Any) -> Any:
+        """The Gaussian parameterisations get Jian & Liu's variances unless told otherwise."""
+        if isinstance(tree, dict) and tree.get("parameterization") in ("standard", "ntk"):
+            return {"weight_var": WEIGHT_VAR, "bias_var": BIAS_VAR, **tree}
+        return tree
+
+    @model_validator(mode="after")
+    def _variances_need_a_gaussian_init(self) -> ParameterizationOptions:
+        given = [k for k in ("weight_var", "bias_var") if getattr(self, k) is not None]
+        if given and self.parameterization == "pytorch":
+            raise ValueError(
+                f"{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} only with "
+                "parameterization = 'standard' or 'ntk' (the default 'pytorch' uses PyTorch's own "
+                "initialisation)"
+            )
+        return self
+
+
+class LogRegModel(ParameterizationOptions):
     kind: Literal["logreg"]
 
 
-class MlpModel(StrictModel):
+class MlpModel(ParameterizationOptions):
     kind: Literal["mlp"] = "mlp"
     hidden: tuple[Annotated[int, Field(ge=1)], ...] = (200,)
 
 
-class CnnModel(StrictModel):
+class CnnModel(ParameterizationOptions):
     kind: Literal["cnn"]
     padding: Literal["same", "valid"] = "same"
 
@@ -139,7 +180,14 @@ class CausalLmModel(StrictModel):
         return self
 
 
-ModelConfig = Annotated[LogRegModel | MlpModel | CnnModel | CausalLmModel, Field(discriminator="kind")]
+class LenetModel(ParameterizationOptions):
+    kind: Literal["lenet"]
+    width: int = Field(1, ge=1, description="k: conv 6k, 16k; fc 120k, 84k (Jian & Liu's CNN_k)")
+
+
+ModelConfig = Annotated[
+    LogRegModel | MlpModel | CnnModel | LenetModel | CausalLmModel, Field(discriminator="kind")
+]
 
 AlgorithmConfigs = Annotated[
     Union[tuple(cls.Config for cls in REGISTRY.values())],  # noqa: UP007 (built from the registry)
@@ -188,6 +236,9 @@ class RunConfig(StrictModel):
     name: str = Field("run", min_length=1)
     seed: int = Field(0, ge=0)
     rounds: int = Field(50, ge=1)
+    loss: Literal["cross_entropy", "mse"] = Field(
+        "cross_entropy", description="mse: squared error to one-hot targets (one 0/1 output for two classes)"
+    )
     data: DataConfig = FashionMnistData()
     partition: PartitionConfig = DirichletPartition()
     model: ModelConfig = MlpModel()
@@ -196,6 +247,7 @@ class RunConfig(StrictModel):
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     engine: EngineConfig = EngineConfig()
+    analysis: AnalysisConfig = AnalysisConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -209,10 +261,26 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="after")
     def _model_fits_data(self) -> RunConfig:
-        if self.model.kind == "cnn" and self.data.dataset == "synthetic":
-            raise ValueError("model.kind = 'cnn' needs image data; use mlp or logreg with synthetic data")
+        if self.model.kind in ("cnn", "lenet") and self.data.dataset == "synthetic":
+            raise ValueError(
+                f"model.kind = '{self.model.kind}' needs image data; use mlp or logreg with synthetic data"
+            )
         if (self.model.kind == "causal_lm") != (self.data.dataset == "instructions"):
             raise ValueError("model.kind = 'causal_lm' and data.dataset = 'instructions' go together")
+        if self.analysis.enabled and self.engine.executor == "parallel":
+            raise ValueError(
+                "[analysis] needs every client's update in this process; use engine.executor = "
+                "'sequential', 'vectorized' or 'auto' (parallel workers send back only their reduced share)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _twin_steps(self) -> RunConfig:
+        if self.analysis.centralized and self.algorithm.local.steps is None:
+            raise ValueError(
+                "analysis.centralized takes algorithm.local.steps gradient steps per round, as each client "
+                "does; set algorithm.local.steps (with epochs, clients take different numbers of steps)"
+            )
         return self
 
 

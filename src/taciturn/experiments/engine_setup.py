@@ -30,6 +30,8 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
     weighted = getattr(task, "weighted_batches", False)
     if engine.executor == "vectorized" and not weighted:
         raise ConfigError("[engine.executor] 'vectorized' needs a task whose loss takes sample weights")
+    if engine.executor == "auto" and config.analysis.enabled:
+        return choice.Choice("sequential", 0, "[analysis] reads every client's trained model")
     if engine.executor != "auto":
         workers = engine.workers or choice.available_cores()
         return choice.Choice(
@@ -86,7 +88,9 @@ def build_federation(
         torch.set_num_threads(config.engine.threads)
     picked = choose_executor(config, algorithm, task, data)
     store = build_store(config, algorithm, picked.executor, out, data.num_clients)
-    pipeline = ClientPipeline(algorithm, channel, store, streams, data, task.loss)
+    pipeline = ClientPipeline(
+        algorithm, channel, store, streams, data, task.loss, keep_arrivals=config.analysis.divergence
+    )
     executor: Executor
     if picked.executor == "parallel":
         try:

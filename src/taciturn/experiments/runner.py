@@ -20,15 +20,17 @@ from taciturn.core.channel import Channel
 from taciturn.core.ledger import Direction, Ledger
 from taciturn.core.rng import SERVER, Streams
 from taciturn.core.state_store import ClientStateStore
-from taciturn.data.datasets import load_dataset, train_subset
+from taciturn.data.datasets import load_dataset
 from taciturn.data.federated import FederatedData
 from taciturn.data.partition import partition
+from taciturn.engine.analysis import Analysis, TwinState
 from taciturn.engine.federation import Federation, RoundReport
 from taciturn.experiments import checkpoint
 from taciturn.experiments.config import ConfigError, RunConfig, load_config, to_toml
 from taciturn.experiments.engine_setup import build_federation
 from taciturn.experiments.progress import RoundProgress
 from taciturn.report.rundir import RunDir
+from taciturn.tasks import squared_error
 from taciturn.tasks.base import ClientData, Task
 from taciturn.tasks.classification import ClassificationTask
 from taciturn.tasks.models import build_model
@@ -66,6 +68,7 @@ class Experiment:
     store: ClientStateStore
     federation: Federation
     engine_note: str  # which executor and store, and why
+    analysis: Analysis | None = None
 
 
 def build_task(config: RunConfig, streams: Streams) -> tuple[Task, ClientData]:
@@ -74,15 +77,16 @@ def build_task(config: RunConfig, streams: Streams) -> tuple[Task, ClientData]:
         from taciturn.experiments.language import build_language_task
 
         return build_language_task(config, streams)
-    options = config.data.model_dump(exclude={"dataset", "path", "train_subset"})
-    dataset = load_dataset(
-        config.data.dataset, streams.numpy(0, SERVER, "data"), getattr(config.data, "path", None), **options
-    )
-    if (size := getattr(config.data, "train_subset", None)) is not None:
-        try:
-            dataset = train_subset(dataset, size, streams.numpy(0, SERVER, "train-subset"))
-        except ValueError as error:
-            raise ConfigError(f"[data.train_subset] {error}") from None
+    options = config.data.model_dump(exclude={"dataset", "path"})
+    try:
+        dataset = load_dataset(
+            config.data.dataset,
+            streams.numpy(0, SERVER, "data"),
+            getattr(config.data, "path", None),
+            **options,
+        )
+    except ValueError as error:  # an impossible subset (classes, train_size, test_size)
+        raise ConfigError(f"[data] {error}") from None
     part_options = config.partition.model_dump(exclude={"kind", "num_clients"})
     parts = partition(
         dataset.y_train.numpy(),
@@ -93,13 +97,16 @@ def build_task(config: RunConfig, streams: Streams) -> tuple[Task, ClientData]:
     )
     data = FederatedData.from_parts(dataset, parts)
     model_options = config.model.model_dump(exclude={"kind"})
+    squared = config.loss == "mse"
+    outputs = squared_error.num_outputs(dataset.num_classes) if squared else dataset.num_classes
     try:
-        model = build_model(config.model.kind, dataset.input_shape, dataset.num_classes, **model_options)
+        model = build_model(config.model.kind, dataset.input_shape, outputs, **model_options)
     except ValueError as error:
         raise ConfigError(
             f"[model] {error} (data {config.data.dataset}: input {dataset.input_shape})"
         ) from None
-    return ClassificationTask(model, dataset.x_test, dataset.y_test, config.eval.batch_size), data
+    task_class = squared_error.SquaredErrorTask if squared else ClassificationTask
+    return task_class(model, dataset.x_test, dataset.y_test, config.eval.batch_size), data
 
 
 def prepare(config: RunConfig, out: Path, ledger: Ledger | None = None) -> Experiment:
@@ -109,8 +116,13 @@ def prepare(config: RunConfig, out: Path, ledger: Ledger | None = None) -> Exper
     ledger = ledger or Ledger()
     channel = Channel(ledger, streams, config.channel.drop_up, config.channel.drop_down)
     federation, store, engine_note = build_federation(config, algorithm, task, data, channel, streams, out)
+    analysis = (
+        Analysis(config.analysis, task.model, task, data, algorithm, streams)
+        if config.analysis.enabled
+        else None
+    )
     return Experiment(
-        config, RunDir(out), streams, data, task, algorithm, ledger, store, federation, engine_note
+        config, RunDir(out), streams, data, task, algorithm, ledger, store, federation, engine_note, analysis
     )
 
 
@@ -164,9 +176,11 @@ def start(
     _write_partition(exp)
     params = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))
     state = exp.algorithm.init_server(params, exp.data.num_clients)
+    if exp.analysis is not None:
+        exp.analysis.begin(params)
     counters = {"round": 0, "wall_s": 0.0, "rejected": 0, "failed": 0}
     row = _evaluate(exp, state, counters, None)
-    RunDir.append_jsonl(rundir.metrics, row)
+    RunDir.append_jsonl(rundir.metrics, _with_analysis(exp, state, row))
     return _loop(exp, state, counters, progress, callbacks)
 
 
@@ -183,10 +197,11 @@ def resume(path: Path, progress: bool = True, callbacks: tuple[RoundCallback, ..
     round, folder = latest
     rundir.truncate_after(round)
     exp = prepare(config, path, ledger=Ledger.from_csv(rundir.ledger, up_to_round=round))
-    initial = exp.algorithm.init_server(
-        exp.task.init_params(exp.streams.torch(0, SERVER, "init")), exp.data.num_clients
-    )
+    params = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))
+    initial = exp.algorithm.init_server(params, exp.data.num_clients)
     state, counters = checkpoint.load(folder, type(initial), exp.store)
+    if exp.analysis is not None:
+        exp.analysis.begin(params, checkpoint.load_extra(folder, "analysis", TwinState))
     return _loop(exp, state, counters, progress, callbacks)
 
 
@@ -210,6 +225,13 @@ def _evaluate(
         "failed": counters["failed"],
         "wall_s": round(counters["wall_s"], 3),
     }
+
+
+def _with_analysis(exp: Experiment, state: Any, row: dict[str, Any]) -> dict[str, Any]:
+    """The row plus the analysis columns, computed outside the timed part (not the algorithm's cost)."""
+    if exp.analysis is None:
+        return row
+    return row | exp.analysis.metrics(exp.algorithm.global_params(state))
 
 
 def _record_events(rundir: RunDir, report: RoundReport) -> None:
@@ -244,8 +266,11 @@ def _loop(
         ) as bar:
             for round in range(counters["round"] + 1, config.rounds + 1):
                 started = time.perf_counter()
+                started_from = state
                 state, report = exp.federation.run_round(state, round)
                 counters["wall_s"] += time.perf_counter() - started
+                if exp.analysis is not None:
+                    exp.analysis.after_round(round, started_from, report)  # not timed: not FedAvg's cost
                 exp.ledger.append_csv(rundir.ledger, round)
                 _record_events(rundir, report)
                 if report.selected and len(report.failed) == len(report.selected):
@@ -259,10 +284,12 @@ def _loop(
                 if round % config.eval.every == 0 or round == config.rounds:
                     started = time.perf_counter()
                     row = _evaluate(exp, state, counters, report)  # wall_s so far, this evaluation excluded
-                    RunDir.append_jsonl(rundir.metrics, row)
                     counters["wall_s"] += time.perf_counter() - started
+                    row = _with_analysis(exp, state, row)
+                    RunDir.append_jsonl(rundir.metrics, row)
                 if round % config.checkpoint.every == 0 or round == config.rounds:
-                    checkpoint.save(rundir.checkpoint_dir(round), state, exp.store, counters)
+                    extras = {} if exp.analysis is None else exp.analysis.checkpoint_extras()
+                    checkpoint.save(rundir.checkpoint_dir(round), state, exp.store, counters, extras)
                     rundir.prune_checkpoints(config.checkpoint.keep)
                 bar.update(round, row, exp.ledger)
                 for callback in callbacks:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from taciturn.report import plots
+from taciturn.report import lazy, plots
 from taciturn.report.rundir import RunDir
 
 STYLE = """
@@ -93,6 +93,19 @@ def write_report(rundir: RunDir) -> Path:
             f"max {classes.max()}.</p>",
             image(images["partition"]),
             _histogram_table(part),
+        ]
+    if "analysis" in images or "centralized" in images:
+        parts += [
+            "<h2>Lazy-training analysis</h2>",
+            "<p>How lazy the training is: with the width n, the clients' divergence, the kernel's "
+            "change and the distance to the linearised model shrink like n<sup>-1/2</sup> (Jian &amp; "
+            "Liu, ICML 2025). The centralized twin takes as many gradient steps as each client, on the "
+            "pooled data, from the same initial weights.</p>",
+            table(
+                ["", f"round {rows[-1]['round']}"],
+                [[k, f"{rows[-1][k]:.4g}"] for k in lazy.COLUMNS if rows[-1].get(k) is not None],
+            ),
+            *(image(images[k]) for k in ("analysis", "centralized") if k in images),
         ]
     events = RunDir.read_jsonl(rundir.events)
     if events:

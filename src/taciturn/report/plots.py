@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from taciturn.report.lazy import analysis_plots, has_analysis
 from taciturn.report.rundir import RunDir
 
 Series = list[tuple[str, list[dict]]]  # (label, metrics rows)
@@ -100,4 +101,6 @@ def run_plots(rundir: RunDir) -> dict[str, Path]:
     }
     if rundir.partition.exists():
         plots["partition"] = partition_histogram(rundir.read_partition(), rundir.plots / "partition.png")
+    if has_analysis(rows):
+        plots |= analysis_plots(rows, rundir.plots)
     return plots

@@ -48,25 +48,31 @@ class ClassificationTask:
         return functional_call(self.model, params, (x,))
 
     def loss(self, params: Params, batch: Batch) -> torch.Tensor:
-        """Mean cross-entropy; a batch (x, y, weight) gives the weighted mean, which lets a
-        vectorized executor pad clients' batches to one size and mask the padding out."""
+        """Mean loss; a batch (x, y, weight) gives the weighted mean, which lets a vectorized
+        executor pad clients' batches to one size and mask the padding out."""
         if len(batch) == 2:
             x, y = batch
-            return F.cross_entropy(self.logits(params, x), y)
+            return self.output_loss(self.logits(params, x), y)
         x, y, weight = batch
-        return (F.cross_entropy(self.logits(params, x), y, reduction="none") * weight).sum() / weight.sum()
+        return (self.output_loss(self.logits(params, x), y, reduction="none") * weight).sum() / weight.sum()
+
+    def output_loss(self, outputs: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        return F.cross_entropy(outputs, y, reduction=reduction)
+
+    def predict(self, outputs: torch.Tensor) -> torch.Tensor:
+        return outputs.argmax(dim=1)
 
     def evaluate(self, params: Params) -> dict[str, float]:
         return self.evaluate_on(params, self.x_test, self.y_test)
 
     @torch.no_grad()
     def evaluate_on(self, params: Params, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-        """Mean cross-entropy and accuracy on (x, y), in large batches."""
+        """Mean loss and accuracy on (x, y), in large batches."""
         batch_size = self.eval_batch_size
         total_loss, correct = 0.0, 0
         for start in range(0, len(y), batch_size):
             logits = self.logits(params, x[start : start + batch_size])
             target = y[start : start + batch_size]
-            total_loss += float(F.cross_entropy(logits, target, reduction="sum"))
-            correct += int((logits.argmax(dim=1) == target).sum())
+            total_loss += float(self.output_loss(logits, target, reduction="sum"))
+            correct += int((self.predict(logits) == target).sum())
         return {"loss": total_loss / len(y), "accuracy": correct / len(y)}

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from taciturn.core.params import Params
+from taciturn.tasks.layers import ScaledConv2d, ScaledLinear
 
 Layer = Callable[[Params, torch.Tensor], torch.Tensor]
 
@@ -27,6 +28,11 @@ def _layer(name: str, module: nn.Module) -> Layer | None:
         return lambda p, x: x.flatten(start, end)
     if isinstance(module, nn.ReLU):
         return lambda p, x: F.relu(x)
+    if isinstance(module, ScaledLinear):  # standard/NTK parameterisation (tasks/layers.py)
+        w, b, ws, bs = f"{name}.weight", f"{name}.bias", module.weight_scale, module.bias_scale
+        return lambda p, x: F.linear(x, p[w]) * ws + p[b] * bs
+    if isinstance(module, ScaledConv2d):
+        return None
     if isinstance(module, nn.Linear):
         w, b = f"{name}.weight", f"{name}.bias" if module.bias is not None else None
         return lambda p, x: F.linear(x, p[w], p[b] if b else None)
@@ -74,7 +80,7 @@ def mlp_layers(model: nn.Module) -> list[tuple[str, str | None]] | None:
     layers = []
     for i, (name, module) in enumerate(children):
         wanted = nn.Linear if i % 2 == 0 else nn.ReLU
-        if not isinstance(module, wanted):
+        if type(module) is not wanted:  # exactly: a scaled subclass multiplies its output
             return None
         if wanted is nn.Linear:
             layers.append((f"{name}.weight", f"{name}.bias" if module.bias is not None else None))

@@ -1,0 +1,613 @@
+"""Wide FedAvg: does widening the network shrink the harm of data heterogeneity?
+
+Jian & Liu, "Widening the Network Mitigates the Impact of Data Heterogeneity on FedAvg", ICML 2025
+(spec: shared/research/fedq_bass_wide.md, section C). Two parts, every run a taciturn run directory:
+
+1. Theory-faithful (Thms 1-3). Fashion-MNIST classes 0 and 1, 10 clients, clients holding one class
+   each (five per class), MLP 784-n-n-1 in the NTK parameterisation, squared loss, full-batch
+   gradient descent with tau local steps, full participation, widths n = 64 ... 4096. Each run
+   switches on the analysis (engine/analysis.py): client divergence, NTK change, distance to the
+   linearised model, and a centralized twin that takes the same number of steps from the same
+   initialisation. Against width, log-log, with fitted slopes (theory: -1/2):
+   (a) RMSE between FedAvg's and centralized GD's outputs on the training points after the last
+       round, split into the infinite-width part (the same two runs of the linearised network,
+       tasks/lazy.linearized_fedavg, from the run's own initial kernel) and the rest;
+   (b) client divergence sum_i p_i ||theta_i - theta_bar|| of the effective weights, mean over rounds;
+   (c) relative change of the empirical NTK after the last round;
+   (d) RMSE between the network and its linearisation after the last round.
+2. Practical (Figs. 1-2). Fashion-MNIST, 10 clients, Dirichlet(0.1) against IID, MLP 784-200k-10
+   for k in {1, 2, 4, 16, 32}, cross-entropy, minibatch SGD: the IID minus non-IID test accuracy
+   gap per width, beside the paper's MNIST numbers.
+
+    python benchmarks/wide_fedavg.py            # full: results JSON, plots, docs/benchmarks.md
+    python benchmarks/wide_fedavg.py --quick    # about a minute, same code at tiny scale
+Run directories go under runs/bench/; a finished run is reused and an interrupted one resumed,
+so a killed benchmark continues where it stopped (--fresh starts everything again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from taciturn.algorithms.fedavg import FedAvgState
+from taciturn.core.rng import SERVER
+from taciturn.core.state_store import MemoryStateStore
+from taciturn.engine.analysis import TwinState
+from taciturn.experiments import checkpoint, runner
+from taciturn.experiments.config import RunConfig, to_toml, validate
+from taciturn.report.rundir import RunDir
+from taciturn.tasks.lazy import divergence, linearized_fedavg, outputs, rmse
+from taciturn.tasks.ntk import empirical_ntk
+
+ROOT = Path(__file__).resolve().parent.parent
+PAPER_GAP = {1: 17.4, 2: 9.5, 4: 6.3, 16: 2.0}  # Jian & Liu, FNN_k on MNIST, IID minus non-IID (points)
+console = Console()
+
+
+@dataclass(frozen=True)
+class Scale:
+    widths: tuple[int, ...]
+    taus: tuple[int, ...]
+    seeds: tuple[int, ...]
+    seeds_widest: tuple[int, ...]  # seeds for the widest network (the bulk of the CPU time)
+    rounds: int
+    eval_every: int
+    lr: float  # eta_0 under the NTK parameterisation, the same for every width
+    multipliers: tuple[int, ...]
+    practical_train: int
+    practical_test: int
+    practical_rounds: int
+    practical_eval_every: int
+    last_evals: int  # practical accuracy: mean of the last evaluations (non-IID curves oscillate)
+    layer_rounds: int  # rounds of the per-layer divergence check (seed 0, largest tau)
+
+
+FULL = Scale(
+    widths=(64, 128, 256, 512, 1024, 2048, 4096),
+    taus=(2, 5),
+    seeds=(0, 1, 2),
+    seeds_widest=(0,),
+    rounds=30,
+    eval_every=2,
+    lr=0.25,
+    multipliers=(1, 2, 4, 16, 32),
+    practical_train=6000,
+    practical_test=2000,
+    practical_rounds=50,
+    practical_eval_every=5,
+    last_evals=3,
+    layer_rounds=10,
+)
+QUICK = Scale(
+    widths=(64, 256),
+    taus=(2, 5),
+    seeds=(0,),
+    seeds_widest=(0,),
+    rounds=4,
+    eval_every=2,
+    lr=0.25,
+    multipliers=(1, 2),
+    practical_train=500,
+    practical_test=500,
+    practical_rounds=2,
+    practical_eval_every=1,
+    last_evals=1,
+    layer_rounds=2,
+)
+
+
+# ----- configs -----
+def theory_config(n: int, tau: int, seed: int, scale: Scale) -> RunConfig:
+    return validate(
+        {
+            "name": f"theory-n{n}-tau{tau}-seed{seed}",
+            "seed": seed,
+            "rounds": scale.rounds,
+            "loss": "mse",
+            "data": {"dataset": "fashion_mnist", "classes": [0, 1], "train_size": 100, "test_size": 200},
+            "partition": {"kind": "one_class", "num_clients": 10},
+            "model": {"kind": "mlp", "hidden": [n, n], "parameterization": "ntk"},
+            "algorithm": {
+                "name": "fedavg",
+                "fraction": 1.0,
+                "local": {"steps": tau, "batch_size": 100_000, "lr": scale.lr},
+            },
+            "eval": {"every": scale.eval_every},
+            "checkpoint": {"every": scale.rounds, "keep": 1},
+            "analysis": {
+                "divergence": True,
+                "weight_change": True,
+                "ntk_change": True,
+                "linearization": True,
+                "centralized": True,
+                "probe_size": 100,  # every training point
+            },
+        },
+        "wide_fedavg theory",
+    )
+
+
+def practical_config(k: int, split: str, scale: Scale) -> RunConfig:
+    partition = {"kind": "iid", "num_clients": 10}
+    if split == "non-iid":
+        partition = {"kind": "dirichlet", "num_clients": 10, "alpha": 0.1, "min_size": 10}
+    return validate(
+        {
+            "name": f"practical-k{k}-{split}",
+            "seed": 0,
+            "rounds": scale.practical_rounds,
+            "data": {
+                "dataset": "fashion_mnist",
+                "train_size": scale.practical_train,
+                "test_size": scale.practical_test,
+            },
+            "partition": partition,
+            "model": {"kind": "mlp", "hidden": [200 * k]},
+            "algorithm": {
+                "name": "fedavg",
+                "fraction": 1.0,
+                # The authors' code: SGD lr 0.1, batch 64, weight decay 1e-4, gradient clip 60.
+                "local": {"epochs": 2, "batch_size": 64, "lr": 0.1, "weight_decay": 1e-4, "clip_norm": 60.0},
+            },
+            "eval": {"every": scale.practical_eval_every},
+            "checkpoint": {"every": 10, "keep": 1},
+        },
+        "wide_fedavg practical",
+    )
+
+
+# ----- running -----
+def run(config: RunConfig, out: Path, fresh: bool) -> RunDir:
+    """A finished run directory for ``config``: reused if complete, resumed if interrupted."""
+    rundir = RunDir(out)
+    if not fresh and rundir.exists() and rundir.config.read_text() == to_toml(config):
+        rows = rundir.read_metrics()
+        if rows and rows[-1]["round"] == config.rounds:
+            return rundir
+        if rundir.latest_checkpoint() is not None:
+            return runner.resume(out, progress=False)
+    return runner.start(config, out, overwrite=True, progress=False)
+
+
+def run_all(jobs: list[tuple[str, RunConfig, Path]], fresh: bool) -> dict[str, RunDir]:
+    done: dict[str, RunDir] = {}
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("runs", total=len(jobs))
+        for key, config, out in jobs:
+            progress.update(task, description=f"[bold]{config.name}")
+            started = time.perf_counter()
+            done[key] = run(config, out, fresh)
+            progress.console.log(f"{config.name}: {time.perf_counter() - started:.1f} s")
+            progress.advance(task)
+    return done
+
+
+# ----- theory: measurements -----
+def kernel_floor(config: RunConfig, rundir: RunDir) -> dict[str, float]:
+    """(a) split in two: the infinite-width FedAvg-vs-centralized gap, and what width adds to it.
+
+    From the run's own initialisation: the empirical NTK and outputs over the training points, then
+    FedAvg and centralized GD of the linearised network (tasks/lazy.linearized_fedavg). After the
+    last round, with F, C the trained networks' outputs (final checkpoint) and F_lin, C_lin the
+    linearised ones: floor = RMSE(F_lin, C_lin), nonlinear = RMSE((F - C) - (F_lin - C_lin)).
+    """
+    exp = runner.prepare(config, rundir.path)
+    model = exp.task.model
+    params0 = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))
+    x, y = exp.data.dataset.x_train, exp.data.dataset.y_train.to(torch.float32).unsqueeze(1)
+    theta = empirical_ntk(model, params0, x).double()
+    clients = [exp.data.client_indices(c).tolist() for c in range(exp.data.num_clients)]
+    local = config.algorithm.local
+    f0 = outputs(model, params0, x).double()
+    fed_lin = linearized_fedavg(theta, f0, y, clients, local.lr, local.steps, config.rounds)[-1]
+    cen_lin = linearized_fedavg(theta, f0, y, [list(range(len(x)))], local.lr, local.steps, config.rounds)[-1]
+    folder = rundir.checkpoint_dir(config.rounds)
+    state, _ = checkpoint.load(folder, FedAvgState, MemoryStateStore())
+    twin = checkpoint.load_extra(folder, "analysis", TwinState)
+    fed, cen = outputs(model, state.params, x).double(), outputs(model, twin.params, x).double()
+    return {
+        "output_rmse_at_end": rmse(fed, cen),
+        "floor": rmse(fed_lin, cen_lin),
+        "nonlinear": rmse(fed - cen, fed_lin - cen_lin),
+    }
+
+
+def theory_summary(config: RunConfig, rundir: RunDir) -> dict[str, float]:
+    rows = rundir.read_metrics()
+    trained, last = rows[1:], rows[-1]
+    return {
+        "divergence": float(np.mean([r["divergence"] for r in trained])),
+        "ntk_change": last["ntk_change"],
+        "linearization_rmse": last["linearization_rmse"],
+        "weight_change": last["weight_change"],
+        "test_loss": last["loss"],
+        "centralized_test_loss": last["centralized_loss"],
+        "test_accuracy": last["accuracy"],
+        "centralized_test_accuracy": last["centralized_accuracy"],
+        **kernel_floor(config, rundir),
+    }
+
+
+def layer_divergence(scale: Scale, out: Path) -> dict[int, dict[str, float]]:
+    """(b) by layer: client divergence of the input layer (fan-in 784 at every width) and of the
+    layers whose fan-in is the width, in effective weights, and of the raw NTK-parameterised weights;
+    mean over the first rounds of seed 0, the largest tau. Driven round by round with the engine."""
+    result = {}
+    for n in scale.widths:
+        config = theory_config(n, max(scale.taus), 0, scale).model_copy(update={"rounds": scale.layer_rounds})
+        exp = runner.prepare(config, out / f"n{n}")
+        state = exp.algorithm.init_server(exp.task.init_params(exp.streams.torch(0, SERVER, "init")), 10)
+        sums = {"input layer": 0.0, "width fan-in layers": 0.0, "all (effective)": 0.0, "all (raw NTK)": 0.0}
+        for round in range(1, scale.layer_rounds + 1):
+            started_from = state
+            state, report = exp.federation.run_round(state, round)
+            models = exp.algorithm.client_models(started_from, report.arrivals)
+            weights = [w for w, _ in models]
+            effective = [exp.analysis.effective(m) for _, m in models]
+            first = [{k: v for k, v in m.items() if k.startswith("1.")} for m in effective]
+            rest = [{k: v for k, v in m.items() if not k.startswith("1.")} for m in effective]
+            sums["input layer"] += divergence(first, weights)
+            sums["width fan-in layers"] += divergence(rest, weights)
+            sums["all (effective)"] += divergence(effective, weights)
+            sums["all (raw NTK)"] += divergence([m for _, m in models], weights)
+        result[n] = {k: v / scale.layer_rounds for k, v in sums.items()}
+    return result
+
+
+def fit_slope(widths: list[int], values: list[float]) -> float:
+    """Least-squares slope of log(value) against log(width)."""
+    return float(np.polyfit(np.log(widths), np.log(values), 1)[0])
+
+
+THEORY_QUANTITIES = {
+    "output_rmse": ("output_rmse_at_end", "(a) FedAvg vs centralized outputs, RMSE"),
+    "nonlinear": ("nonlinear", "(a) its finite-width part"),
+    "divergence": ("divergence", "(b) client divergence (effective weights)"),
+    "ntk_change": ("ntk_change", "(c) relative NTK change"),
+    "linearization": ("linearization_rmse", "(d) RMSE to the linearised network"),
+}
+
+
+def theory_table(scale: Scale, runs: dict[str, RunDir], configs: dict[str, RunConfig]) -> dict:
+    per_run = {key: theory_summary(configs[key], rundir) for key, rundir in runs.items()}
+    result: dict = {"runs": per_run, "mean": {}, "slopes": {}}
+    for tau in scale.taus:
+        means = {}
+        for n in scale.widths:
+            seeds = scale.seeds_widest if n == max(scale.widths) else scale.seeds
+            values = [per_run[f"n{n}-tau{tau}-seed{s}"] for s in seeds]
+            means[n] = {k: float(np.mean([v[k] for v in values])) for k in values[0]}
+        result["mean"][tau] = means
+        result["slopes"][tau] = {
+            name: fit_slope(list(scale.widths), [means[n][column] for n in scale.widths])
+            for name, (column, _) in THEORY_QUANTITIES.items()
+        }
+    return result
+
+
+# ----- practical -----
+def practical_table(scale: Scale, runs: dict[str, RunDir]) -> dict:
+    result = {}
+    for k in scale.multipliers:
+        accuracy = {}
+        for split in ("iid", "non-iid"):
+            rows = runs[f"k{k}-{split}"].read_metrics()
+            accuracy[split] = float(np.mean([r["accuracy"] for r in rows[-scale.last_evals :]]))
+        result[k] = {**accuracy, "gap_points": 100 * (accuracy["iid"] - accuracy["non-iid"])}
+    return result
+
+
+# ----- plots -----
+def plot_theory(scale: Scale, theory: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    widths = np.array(scale.widths)
+    panels = [
+        (
+            "(a) FedAvg vs centralized outputs",
+            ["output_rmse", "nonlinear"],
+            "RMSE on training points, last round",
+        ),
+        ("(b) client divergence", ["divergence"], r"$\sum_i p_i\|\theta_i-\bar\theta\|$, mean over rounds"),
+        ("(c) empirical NTK change", ["ntk_change"], r"$\|\Theta_T-\Theta_0\|_F/\|\Theta_0\|_F$"),
+        ("(d) distance to the linearised network", ["linearization"], r"RMSE$(f, f_{lin})$, last round"),
+    ]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8.2))
+    colors = {"output_rmse": "tab:blue", "nonlinear": "tab:red", "divergence": "tab:green"}
+    short = {"output_rmse": "measured", "nonlinear": "finite-width part"}
+    for ax, (title, names, ylabel) in zip(axes.flat, panels, strict=True):
+        for name in names:
+            column = THEORY_QUANTITIES[name][0]
+            for tau, style in zip(scale.taus, ("--", "-"), strict=False):
+                values = np.array([theory["mean"][tau][n][column] for n in scale.widths])
+                label = f"{short.get(name, '')} tau={tau}: slope {theory['slopes'][tau][name]:+.2f}".strip()
+                ax.plot(widths, values, style, marker="o", color=colors.get(name, "tab:purple"), label=label)
+        if names[0] == "output_rmse":
+            for tau, style in zip(scale.taus, ("--", "-"), strict=False):
+                floor = [theory["mean"][tau][n]["floor"] for n in scale.widths]
+                ax.plot(widths, floor, style, color="grey", label=f"infinite width (kernel) tau={tau}")
+        anchor_value = theory["mean"][scale.taus[-1]][scale.widths[0]][THEORY_QUANTITIES[names[-1]][0]]
+        ax.plot(widths, anchor_value * (widths / widths[0]) ** -0.5, ":", color="black", label="slope -1/2")
+        ax.set(xscale="log", yscale="log", xlabel="width n", ylabel=ylabel, title=title)
+        ax.set_xticks(widths, [str(n) for n in widths])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    fig.suptitle(
+        "Theory-faithful: MLP 784-n-n-1, NTK parameterisation, squared loss, full-batch GD", fontsize=11
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_practical(scale: Scale, runs: dict[str, RunDir], practical: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_curves, ax_gap) = plt.subplots(1, 2, figsize=(11, 4))
+    cmap = plt.get_cmap("viridis")
+    for i, k in enumerate(scale.multipliers):
+        color = cmap(i / max(1, len(scale.multipliers) - 1))
+        for split, style in (("iid", "-"), ("non-iid", "--")):
+            rows = runs[f"k{k}-{split}"].read_metrics()
+            ax_curves.plot(
+                [r["round"] for r in rows],
+                [r["accuracy"] for r in rows],
+                style,
+                color=color,
+                label=f"k={k} {split}",
+            )
+    ax_curves.set(xlabel="round", ylabel="test accuracy", title="IID (solid) vs Dirichlet(0.1) (dashed)")
+    ax_curves.grid(alpha=0.3)
+    ax_curves.legend(fontsize=7, ncol=2)
+    ks = list(scale.multipliers)
+    ax_gap.plot(ks, [practical[k]["gap_points"] for k in ks], "o-", label="taciturn, Fashion-MNIST")
+    paper = [k for k in ks if k in PAPER_GAP]
+    ax_gap.plot(paper, [PAPER_GAP[k] for k in paper], "s--", color="grey", label="Jian & Liu, MNIST (paper)")
+    ax_gap.set(
+        xscale="log",
+        xlabel="width multiplier k (hidden units 200k)",
+        ylabel="IID - non-IID accuracy (points)",
+        title="Heterogeneity gap vs width",
+    )
+    ax_gap.set_xticks(ks, [str(k) for k in ks])
+    ax_gap.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax_gap.grid(alpha=0.3)
+    ax_gap.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ----- tables and docs -----
+def print_tables(scale: Scale, theory: dict, layers: dict, practical: dict) -> None:
+    for tau in scale.taus:
+        table = Table(title=f"Theory-faithful, tau = {tau}: means over seeds; slopes against width")
+        for c in ("n", "(a)", "(a) n=inf", "(a) rest", "(b)", "(c)", "(d)", "loss F/C"):
+            table.add_column(c, justify="right")
+        for n in scale.widths:
+            m = theory["mean"][tau][n]
+            table.add_row(
+                str(n),
+                *(f"{m[k]:.4f}" for k in ("output_rmse_at_end", "floor", "nonlinear", "divergence")),
+                *(f"{m[k]:.4f}" for k in ("ntk_change", "linearization_rmse")),
+                f"{m['test_loss']:.3f}/{m['centralized_test_loss']:.3f}",
+            )
+        s = theory["slopes"][tau]
+        names = ("output_rmse", "nonlinear", "divergence", "ntk_change", "linearization")
+        slopes = [f"{s[k]:+.2f}" for k in names]
+        table.add_row("slope", slopes[0], "", *slopes[1:], "", style="bold")
+        console.print(table)
+    table = Table(title="(b) by layer: divergence, first rounds, seed 0")
+    for c in ("n", *next(iter(layers.values()))):
+        table.add_column(c, justify="right")
+    for n, row in layers.items():
+        table.add_row(str(n), *(f"{v:.4f}" for v in row.values()))
+    console.print(table)
+    table = Table(title="Practical: IID minus Dirichlet(0.1) test accuracy")
+    for c in ("k", "hidden", "IID", "non-IID", "gap (points)", "paper, MNIST"):
+        table.add_column(c, justify="right")
+    for k, row in practical.items():
+        table.add_row(
+            str(k),
+            str(200 * k),
+            f"{row['iid']:.4f}",
+            f"{row['non-iid']:.4f}",
+            f"{row['gap_points']:.1f}",
+            str(PAPER_GAP.get(k, "-")),
+        )
+    console.print(table)
+
+
+def markdown(scale: Scale, theory: dict, layers: dict, practical: dict, command: str, minutes: float) -> str:
+    tau = scale.taus[-1]
+    lines = [
+        "## Wide FedAvg: widening the network shrinks the harm of heterogeneity",
+        "",
+        'Jian & Liu, "Widening the Network Mitigates the Impact of Data Heterogeneity on FedAvg", ICML 2025.',
+        f"Reproduce with `{command}` ({minutes:.0f} minutes on the 2-core CPU; `--quick` runs the same code "
+        "at tiny scale in about a minute). Numbers: `benchmarks/results/wide_fedavg.json`.",
+        "",
+        "### Theory-faithful",
+        "",
+        "Fashion-MNIST classes 0 (T-shirt) and 1 (trouser): 100 training images, 10 clients each holding "
+        "10 images of one class (5 clients per class; taciturn's `one_class` split numbers them 0, 2, ... "
+        "and 1, 3, ..., a relabelling of the paper's 0-4 / 5-9), 200 test images. MLP 784-n-n-1 in the NTK "
+        f"parameterisation (sigma_w^2 = 1.5, sigma_b^2 = 0.01), squared loss, full-batch GD with lr eta_0 = "
+        f"{scale.lr} at every width, tau local steps, full participation, {scale.rounds} rounds, seeds "
+        f"{list(scale.seeds)} (width {max(scale.widths)}: seed {list(scale.seeds_widest)}). "
+        "Every run has the analysis on: `[analysis]` with a centralized twin taking the same number of "
+        "gradient steps from the same initial weights.",
+        "",
+        "![theory](img/wide_fedavg_theory.png)",
+        "",
+        f"Fitted log-log slopes against width (theory: -1/2), tau = {tau} (tau = {scale.taus[0]}):",
+        "",
+        "| quantity | slope | |",
+        "|---|---|---|",
+    ]
+    first = scale.taus[0]
+    for name, (_, label) in THEORY_QUANTITIES.items():
+        lines.append(
+            f"| {label} | {theory['slopes'][tau][name]:+.2f} | ({theory['slopes'][first][name]:+.2f}) |"
+        )
+    lines += [
+        "",
+        f"Means over seeds, tau = {tau}:",
+        "",
+        "| width | (a) RMSE | infinite-width part | finite-width part | (b) divergence | (c) NTK change "
+        "| (d) RMSE to linearised | test loss FedAvg / centralized |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for n in scale.widths:
+        m = theory["mean"][tau][n]
+        lines.append(
+            f"| {n} | {m['output_rmse_at_end']:.4f} | {m['floor']:.4f} | {m['nonlinear']:.4f} | "
+            f"{m['divergence']:.4f} | {m['ntk_change']:.4f} | {m['linearization_rmse']:.4f} | "
+            f"{m['test_loss']:.4f} / {m['centralized_test_loss']:.4f} |"
+        )
+    keys = list(next(iter(layers.values())))
+    lines += [
+        "",
+        f"(b) by layer, mean over the first {scale.layer_rounds} rounds (seed 0, tau = {tau}): the input "
+        "layer's fan-in is 784 at every width, the other layers' fan-in is n; effective weights are "
+        "s_w W as the forward pass uses them, raw ones the N(0, 1) parameters of the NTK parameterisation.",
+        "",
+        "| width | " + " | ".join(keys) + " |",
+        "|---|" + "---|" * len(keys),
+    ]
+    for n, row in layers.items():
+        lines.append(f"| {n} | " + " | ".join(f"{row[k]:.4f}" for k in keys) + " |")
+    lines += [
+        "",
+        "### Practical",
+        "",
+        f"Fashion-MNIST ({scale.practical_train} training images sampled by class, "
+        f"{scale.practical_test} test), "
+        "10 clients, Dirichlet(0.1) label split against IID, MLP 784-200k-10, cross-entropy, the authors' "
+        "SGD settings (lr 0.1, batch 64, weight decay 1e-4, gradient clip 60), 2 local epochs, full "
+        f"participation, {scale.practical_rounds} rounds, seed 0. Accuracy: mean of the last "
+        f"{scale.last_evals} evaluations (every {scale.practical_eval_every} rounds).",
+        "",
+        "![practical](img/wide_fedavg_practical.png)",
+        "",
+        "| k | hidden units | IID | Dirichlet(0.1) | gap (points) | paper, MNIST FNN_k |",
+        "|---|---|---|---|---|---|",
+    ]
+    for k, row in practical.items():
+        lines.append(
+            f"| {k} | {200 * k} | {row['iid']:.4f} | {row['non-iid']:.4f} | {row['gap_points']:.1f} "
+            f"| {PAPER_GAP.get(k, '-')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_docs_section(docs: Path, text: str, findings: Path) -> None:
+    """Replace this benchmark's section of ``docs`` (other sections stay as they are)."""
+    body = text + ("\n" + findings.read_text() if findings.exists() else "")
+    old = docs.read_text() if docs.exists() else "# Benchmarks\n"
+    start = old.find("## Wide FedAvg")
+    if start < 0:
+        new = old.rstrip("\n") + "\n\n" + body
+    else:
+        end = old.find("\n## ", start + 1)
+        new = old[:start] + body + ("" if end < 0 else old[end:])
+    docs.parent.mkdir(parents=True, exist_ok=True)
+    docs.write_text(new)
+
+
+# ----- main -----
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny scale, about a minute; writes only under runs/"
+    )
+    parser.add_argument(
+        "--fresh", action="store_true", help="rerun every run instead of reusing finished ones"
+    )
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    scale = QUICK if args.quick else FULL
+    out = ROOT / "runs" / "bench" / ("wide_fedavg-quick" if args.quick else "wide_fedavg")
+    if args.fresh:
+        shutil.rmtree(out, ignore_errors=True)
+    started = time.perf_counter()
+
+    theory_jobs, configs = [], {}
+    for n in scale.widths:
+        for tau in scale.taus:
+            for seed in scale.seeds_widest if n == max(scale.widths) else scale.seeds:
+                key = f"n{n}-tau{tau}-seed{seed}"
+                configs[key] = theory_config(n, tau, seed, scale)
+                theory_jobs.append((key, configs[key], out / "theory" / key))
+    practical_jobs = [
+        (f"k{k}-{split}", practical_config(k, split, scale), out / "practical" / f"k{k}-{split}")
+        for k in scale.multipliers
+        for split in ("iid", "non-iid")
+    ]
+    console.rule("[bold]Wide FedAvg: theory-faithful")
+    theory = theory_table(scale, run_all(theory_jobs, args.fresh), configs)
+    console.rule("[bold]Wide FedAvg: divergence by layer")
+    layers = layer_divergence(scale, out / "layers")
+    console.rule("[bold]Wide FedAvg: practical")
+    practical_runs = run_all(practical_jobs, args.fresh)
+    practical = practical_table(scale, practical_runs)
+    print_tables(scale, theory, layers, practical)
+
+    images = ROOT / "docs" / "img" if not args.quick else out
+    plot_theory(scale, theory, images / "wide_fedavg_theory.png")
+    plot_practical(scale, practical_runs, practical, images / "wide_fedavg_practical.png")
+    minutes = (time.perf_counter() - started) / 60
+    tau = scale.taus[-1]
+    results = {
+        "slopes": {k: theory["slopes"][tau][k] for k in ("output_rmse", "divergence", "ntk_change")},
+        "gap_points": {str(k): row["gap_points"] for k, row in practical.items()},
+        "slopes_by_tau": theory["slopes"],
+        "theory_means": theory["mean"],
+        "theory_runs": theory["runs"],
+        "divergence_by_layer": layers,
+        "practical": {str(k): row for k, row in practical.items()},
+        "paper_gap_points_mnist": {str(k): v for k, v in PAPER_GAP.items()},
+        "scale": scale.__dict__,
+        "minutes": minutes,
+    }
+    target = out / "wide_fedavg.json" if args.quick else ROOT / "benchmarks" / "results" / "wide_fedavg.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(results, indent=1, default=str))
+    if not args.quick:
+        command = "python benchmarks/wide_fedavg.py"
+        findings = ROOT / "benchmarks" / "wide_fedavg_findings.md"  # the reading of the numbers, by hand
+        text = markdown(scale, theory, layers, practical, command, minutes)
+        write_docs_section(ROOT / "docs" / "benchmarks.md", text, findings)
+    console.print(f"results: {target} ({minutes:.1f} min)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
