@@ -33,6 +33,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, M
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from flwr.simulation import run_simulation
 from workload import Plan, evaluate, local_sgd, write_result
 
@@ -73,7 +74,8 @@ class PlannedFedAvg(FedAvg):
         self.plan, self.folder, self.slot_of = plan, folder, {}
 
     def configure_train(self, server_round, arrays, config, grid):
-        nodes = sorted(grid.get_node_ids())  # node i <-> client i of the plan
+        _, nodes = sample_nodes(grid, self.min_available_nodes, 0)  # Flower's wait for all nodes
+        nodes = sorted(nodes)  # the i-th node id stands for client i of the plan
         messages, self.slot_of = [], {}
         for slot, client in enumerate(self.plan.round_clients[server_round - 1]):
             node = nodes[int(client)]
