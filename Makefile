@@ -33,3 +33,24 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+# ----- benchmark anchors (benchmarks/speed.py): Flower and pfl-research, each in its own venv -----
+# Two venvs because pfl pins attrs==23.2.0, which conflicts with Flower's. Never package dependencies.
+# torch first, from the constraints (torch==2.13.0, the CPU wheel), so neither framework pulls a CUDA build.
+BENCH_VENVS := benchmarks/.venv-flower/.installed benchmarks/.venv-pfl/.installed
+
+.PHONY: bench-env
+
+bench-env: $(BENCH_VENVS)
+
+benchmarks/.venv-flower/.installed: constraints.txt
+	$(PYTHON) -m venv benchmarks/.venv-flower
+	benchmarks/.venv-flower/bin/pip install --quiet -c constraints.txt torch numpy
+	benchmarks/.venv-flower/bin/pip install --quiet -c constraints.txt 'flwr[simulation]'
+	touch $@
+
+benchmarks/.venv-pfl/.installed: constraints.txt
+	$(PYTHON) -m venv benchmarks/.venv-pfl
+	benchmarks/.venv-pfl/bin/pip install --quiet -c constraints.txt torch numpy
+	benchmarks/.venv-pfl/bin/pip install --quiet -c constraints.txt 'pfl[pytorch]'
+	touch $@
