@@ -29,3 +29,19 @@ def replace_section(name: str, body: str, title: str, path: Path = DOCS) -> Path
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+def replace_titled_section(title: str, text: str, path: Path = DOCS) -> Path:
+    """Replace the whole section whose heading starts with ``## title`` by ``text`` (which starts
+    with its own heading), up to the next ``## `` heading; append it if there is none yet. For
+    benchmarks that write their section whole, tables and hand-written prose file together."""
+    old = path.read_text() if path.exists() else "# Benchmarks\n"
+    start = old.find(f"## {title}")
+    if start < 0:
+        new = old.rstrip("\n") + "\n\n" + text.strip("\n") + "\n"
+    else:
+        end = old.find("\n## ", start + 1)
+        new = old[:start] + text.strip("\n") + "\n" + ("" if end < 0 else old[end:])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(new)
+    return path

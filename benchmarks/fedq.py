@@ -30,6 +30,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from docs_section import replace_titled_section
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -584,16 +585,7 @@ def write_docs(results: dict) -> None:
     )
     for key in ("ICLR_PROSE", "ICML_REGRET_PROSE", "ICML_ROUNDS_PROSE"):
         text = text.replace("{{" + key + "}}", prose.get(key, "").strip())
-    docs = ROOT / "docs" / "benchmarks.md"
-    current = docs.read_text() if docs.exists() else "# Benchmarks\n"
-    start = current.find(SECTION)
-    if start < 0:
-        updated = current.rstrip() + "\n\n" + text
-    else:
-        following = current.find("\n## ", start + len(SECTION))
-        updated = current[:start] + text + ("" if following < 0 else "\n" + current[following + 1 :])
-    docs.parent.mkdir(parents=True, exist_ok=True)
-    docs.write_text(updated.rstrip() + "\n")
+    replace_titled_section(SECTION.removeprefix("## "), text)
 
 
 def run(scale: Scale, out: Path | None, console: Console) -> dict:

@@ -229,7 +229,8 @@ def measure(command: list[str], env: dict[str, str] | None = None, timeout: floa
 def commands(
     workload: str, config: Path, plan: Path, out: Path, quick: bool
 ) -> dict[str, tuple[list[str], Path]]:
-    taciturn = [PYTHON, "-m", "taciturn.cli", "run", str(config), "--quiet", "--overwrite"]
+    # --no-report: Flower, pfl and the floor write no report either (`taciturn report` makes it later)
+    taciturn = [PYTHON, "-m", "taciturn.cli", "run", str(config), "--quiet", "--overwrite", "--no-report"]
     found = {
         "taciturn": ([*taciturn, "--out", str(out / "taciturn")], out / "taciturn" / "metrics.jsonl"),
         "taciturn_sequential": (

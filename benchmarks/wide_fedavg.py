@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from docs_section import replace_titled_section
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -525,20 +526,6 @@ def markdown(scale: Scale, theory: dict, layers: dict, practical: dict, command:
     return "\n".join(lines) + "\n"
 
 
-def write_docs_section(docs: Path, text: str, findings: Path) -> None:
-    """Replace this benchmark's section of ``docs`` (other sections stay as they are)."""
-    body = text + ("\n" + findings.read_text() if findings.exists() else "")
-    old = docs.read_text() if docs.exists() else "# Benchmarks\n"
-    start = old.find("## Wide FedAvg")
-    if start < 0:
-        new = old.rstrip("\n") + "\n\n" + body
-    else:
-        end = old.find("\n## ", start + 1)
-        new = old[:start] + body + ("" if end < 0 else old[end:])
-    docs.parent.mkdir(parents=True, exist_ok=True)
-    docs.write_text(new)
-
-
 # ----- main -----
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -604,7 +591,8 @@ def main(argv: list[str] | None = None) -> int:
         command = "python benchmarks/wide_fedavg.py"
         findings = ROOT / "benchmarks" / "wide_fedavg_findings.md"  # the reading of the numbers, by hand
         text = markdown(scale, theory, layers, practical, command, minutes)
-        write_docs_section(ROOT / "docs" / "benchmarks.md", text, findings)
+        prose = findings.read_text() if findings.exists() else ""
+        replace_titled_section("Wide FedAvg", text + ("\n" + prose if prose else ""))
     console.print(f"results: {target} ({minutes:.1f} min)")
     return 0
 

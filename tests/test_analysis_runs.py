@@ -5,6 +5,7 @@ import torch
 
 from taciturn.cli import main
 from taciturn.core.rng import SERVER
+from taciturn.experiments import types
 from taciturn.experiments.config import ConfigError
 from taciturn.experiments.runner import prepare, resume, start
 from taciturn.report.rundir import RunDir
@@ -95,7 +96,7 @@ def test_resume_with_a_twin_that_has_momentum_gives_the_uninterrupted_numbers(tm
 
 
 def test_the_report_shows_the_analysis(tmp_path):
-    rundir = start(wide_config(), tmp_path / "run", progress=False)
+    rundir = types.start(wide_config(), tmp_path / "run", progress=False)
     for png in ("analysis", "centralized"):
         assert (rundir.plots / f"{png}.png").stat().st_size > 1000
     assert "Lazy-training analysis" in rundir.report.read_text()

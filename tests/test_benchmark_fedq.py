@@ -10,6 +10,7 @@ from rich.console import Console
 
 def load_benchmark():
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "fedq.py"
+    sys.path.insert(0, str(path.parent))  # its sibling docs_section, as when run as a script
     spec = importlib.util.spec_from_file_location("benchmark_fedq", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there

@@ -171,3 +171,16 @@ def test_auto_engine_runs_and_logs_its_choice(tmp_path):
     rundir = start(tiny_config(engine={"executor": "auto"}, rounds=2), tmp_path / "run", progress=False)
     assert "executor:" in rundir.log.read_text()
     assert rundir.read_metrics()[-1]["round"] == 2
+
+
+def test_expected_longest_client_is_the_exact_mean_over_all_rounds():
+    """The vectorized estimate pays for the longest client of a round (engine/choice.py)."""
+    import itertools
+    import statistics
+
+    from taciturn.engine.choice import expected_longest
+
+    steps = [3, 17, 5, 5, 40, 8, 1]
+    for k in (1, 2, 3, 7):
+        exact = statistics.mean(max(group) for group in itertools.combinations(steps, k))
+        assert expected_longest(steps, k) == pytest.approx(exact, rel=1e-12)

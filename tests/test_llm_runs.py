@@ -3,6 +3,7 @@
 import pytest
 
 from taciturn.cli import main
+from taciturn.experiments import types
 from taciturn.experiments.config import ConfigError, validate
 from taciturn.experiments.runner import resume, start
 from taciturn.report.rundir import RunDir
@@ -43,7 +44,7 @@ def per_message(rows, direction):
 
 def test_the_three_methods_run_on_one_task_and_ferret_sends_a_tiny_fraction_of_fedavg(tmp_path):
     runs = {
-        a["name"]: start(lm_config(a), tmp_path / a["name"], progress=False)
+        a["name"]: types.start(lm_config(a), tmp_path / a["name"], progress=False)
         for a in (FERRET, FEDKSEED, FEDAVG)
     }
     rows = {name: run.read_metrics() for name, run in runs.items()}

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from taciturn.cli import main
+from taciturn.experiments import types
 from taciturn.experiments.config import ConfigError, load_config
 from taciturn.experiments.runner import resume, start
 from taciturn.report.rundir import RunDir
@@ -71,7 +72,7 @@ def test_resume_keeps_client_state(tmp_path):
 
 
 def test_run_directory_has_everything_the_report_needs(tmp_path):
-    rundir = start(tiny_config(), tmp_path / "run", progress=False)
+    rundir = types.start(tiny_config(), tmp_path / "run", progress=False)
     rows = rundir.read_metrics()
     assert [r["round"] for r in rows] == list(range(0, 7))
     required = {

@@ -7,6 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import wide_fedavg
+from docs_section import replace_titled_section
 
 
 def test_fit_slope_recovers_a_power_law():
@@ -15,16 +16,15 @@ def test_fit_slope_recovers_a_power_law():
 
 
 def test_the_docs_section_is_replaced_and_the_others_kept(tmp_path):
-    docs, findings = tmp_path / "benchmarks.md", tmp_path / "findings.md"
+    docs = tmp_path / "benchmarks.md"
     docs.write_text("# Benchmarks\n\n## Other\nkeep me\n\n## Wide FedAvg: old\nstale\n\n## Later\nkeep too\n")
-    findings.write_text("What it shows.\n")
-    wide_fedavg.write_docs_section(docs, "## Wide FedAvg: new\nfresh\n", findings)
+    replace_titled_section("Wide FedAvg", "## Wide FedAvg: new\nfresh\n", docs)
     text = docs.read_text()
-    assert "stale" not in text and "fresh\n\nWhat it shows." in text
+    assert "stale" not in text and "## Wide FedAvg: new\nfresh\n\n## Later" in text
     assert text.index("keep me") < text.index("fresh") < text.index("keep too")
     empty = tmp_path / "none.md"
-    wide_fedavg.write_docs_section(empty, "## Wide FedAvg: new\n", tmp_path / "missing.md")
-    assert empty.read_text().startswith("# Benchmarks\n\n## Wide FedAvg: new")
+    replace_titled_section("Wide FedAvg", "## Wide FedAvg: new\n", empty)
+    assert empty.read_text() == "# Benchmarks\n\n## Wide FedAvg: new\n"
 
 
 def test_the_full_scale_is_the_issue_s_and_configs_validate():

@@ -25,7 +25,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = types.load(args.config, args.set or [])
     out = Path(args.out or Path("runs") / config.name)
-    rundir = types.start(config, out, overwrite=args.overwrite, progress=not args.quiet)
+    rundir = types.start(
+        config, out, report=not args.no_report, overwrite=args.overwrite, progress=not args.quiet
+    )
     _print_summary(rundir)
     return 0
 
@@ -121,7 +123,8 @@ def _print_summary(rundir) -> None:
 
     if line := types.headline(rundir):
         console.print(f"[bold green]done[/]: {line}")
-    console.print(f"report: [bold]{rundir.report}[/]")
+    if rundir.report.exists():
+        console.print(f"report: [bold]{rundir.report}[/]")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="run directory (default: runs/<name>)")
     run.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--no-report",
+        action="store_true",
+        help="skip report.html and plots (`taciturn report` writes them later)",
+    )
     run.set_defaults(func=cmd_run)
 
     demo = sub.add_parser("demo", help="FedAvg and event-based ADMM on Fashion-MNIST, compared in one report")

@@ -24,7 +24,6 @@ from functools import cache
 
 import numpy as np
 import torch
-from scipy import integrate
 
 from taciturn.core.params import Params
 from taciturn.core.rng import SERVER, Streams
@@ -75,6 +74,8 @@ def basis_variance(d: int) -> float:
     which tends to the uniform distribution's c^2 / 3 = 1 / (3 d).
     """
     c2 = 1.0 / d
+    from scipy import integrate  # here, not at import: scipy costs every run ~0.3 s of start-up
+
     num = integrate.quad(lambda u: u * u * math.exp(-c2 * u * u / 2), 0.0, 1.0, epsabs=0, epsrel=1e-13)[0]
     den = integrate.quad(lambda u: math.exp(-c2 * u * u / 2), 0.0, 1.0, epsabs=0, epsrel=1e-13)[0]
     return c2 * num / den

@@ -10,9 +10,11 @@ The estimated round times then decide:
 
     sequential  ~ C * K * t_all                (one client after another, all threads)
     parallel    ~ C * K * t_one / W + o        (W single-thread workers, W = cores; o per round)
-    vectorized  ~ K * t_vmap(C)                (one vmapped step for all C clients; for plain FedAvg on
+    vectorized  ~ K_max * t_vmap(C)            (one vmapped step for all C clients; for plain FedAvg on
                                                a ReLU MLP, 1.5 x one step on all C clients' rows)
-with C clients a round taking K local steps each.
+with C clients a round taking K local steps each on average. The vectorized executor runs as many
+steps as the round's longest client, K_max, masking the others once they are done, so clients of
+unequal sizes (a Dirichlet partition) cost it K_max / K times more than their steps.
 
 A GPU always gets the vectorized executor; one core or one client per round, the sequential one.
 """
@@ -20,8 +22,10 @@ A GPU always gets the vectorized executor; one core or one client per round, the
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -49,10 +53,16 @@ def available_cores() -> int:
 
 
 def choose(
-    task: Task, batch: tuple[torch.Tensor, ...], clients_per_round: int, steps: float, vectorized: str
+    task: Task,
+    batch: tuple[torch.Tensor, ...],
+    clients_per_round: int,
+    steps: float,
+    vectorized: str,
+    longest_steps: float | None = None,
 ) -> Choice:
     """``vectorized``: how the vectorized executor would train these clients ("vmap", "lowrank"
-    for plain FedAvg on a ReLU MLP, engine/lowrank.py) or "none" if it cannot."""
+    for plain FedAvg on a ReLU MLP, engine/lowrank.py) or "none" if it cannot. ``steps``: mean
+    local steps per client; ``longest_steps``: expected steps of a round's longest client."""
     cores = available_cores()
     if torch.cuda.is_available() and vectorized != "none":
         return Choice("vectorized", 0, "a GPU is present: all clients' local steps in one vmapped call")
@@ -74,16 +84,31 @@ def choose(
     if "vectorized" in timing:
         per_client = timing["vectorized"] / timing["vectorized_clients"]
         estimates["vectorized"] = (
-            steps * c * per_client * (LOWRANK_OVERHEAD if vectorized == "lowrank" else 1.0)
+            (longest_steps or steps) * c * per_client * (LOWRANK_OVERHEAD if vectorized == "lowrank" else 1.0)
         )
         what = "one step on their stacked batches" if vectorized == "lowrank" else "a vmapped step"
         measured += f"; {what} for {timing['vectorized_clients']} clients {timing['vectorized'] * 1e3:.2f} ms"
+        if longest_steps:
+            measured += f", {longest_steps:.1f} steps for the longest client against {steps:.1f} on average"
     best = min(estimates, key=estimates.get)
     if best == "parallel" and estimates["parallel"] > PARALLEL_MARGIN * estimates["sequential"]:
         best = "sequential"
     ratio = estimates["sequential"] / estimates[best]
     reason = f"{measured}: estimated {ratio:.2f}x the sequential speed for {c} clients a round"
     return Choice(best, workers if best == "parallel" else 0, reason)
+
+
+def expected_longest(steps: Sequence[float], k: int) -> float:
+    """E[max] of ``k`` values drawn without replacement from ``steps``: with s_(1) <= ... <= s_(N),
+    the j-th smallest is the maximum with probability C(j-1, k-1) / C(N, k)."""
+    ordered, n = sorted(steps), len(steps)
+    k = min(k, n)
+    log_total = math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+    return sum(
+        s * math.exp(math.lgamma(j) - math.lgamma(k) - math.lgamma(j - k + 1) - log_total)
+        for j, s in enumerate(ordered, start=1)
+        if j >= k
+    )
 
 
 def _probe(task: Task, batch: tuple[torch.Tensor, ...], clients: int, cores: int, vectorized: str) -> dict:

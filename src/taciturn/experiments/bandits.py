@@ -45,7 +45,7 @@ from taciturn.core.message import Message
 from taciturn.core.rng import SERVER, Streams
 from taciturn.experiments.bandits_config import BanditsConfig, RatingsEnvironment, UnclusteredEnvironment
 from taciturn.experiments.config import ConfigError, read_tree, to_toml, validate
-from taciturn.report.bandits import summary_rows, write_report
+from taciturn.report.bandits import summary_rows
 from taciturn.report.rundir import RunDir
 
 log = logging.getLogger("taciturn")
@@ -207,7 +207,6 @@ def _loop(config, rundir, simulations, done, wall, progress, callbacks) -> RunDi
     finally:
         log.removeHandler(handler)
         handler.close()
-    write_report(rundir)
     if progress:
         _print_table(rundir)
     return rundir

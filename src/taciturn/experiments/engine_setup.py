@@ -43,8 +43,11 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
         )
     local = config.algorithm.local
     clients = config.algorithm.clients_per_round(data.num_clients)
-    mean_size = data.num_samples / data.num_clients
-    steps = local.steps or local.epochs * math.ceil(mean_size / local.batch_size)
+    per_client = [
+        local.steps or local.epochs * math.ceil(data.client_size(i) / local.batch_size)
+        for i in range(data.num_clients)
+    ]
+    steps = sum(per_client) / len(per_client)
     first = data.client_indices(
         int(np.argmax([data.client_size(c) for c in range(min(data.num_clients, 50))]))
     )
@@ -55,7 +58,8 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
         vectorized = "lowrank"
     else:
         vectorized = "vmap" if weighted else "none"
-    picked = choice.choose(task, batch, clients, steps, vectorized)
+    longest = choice.expected_longest(per_client, clients)
+    picked = choice.choose(task, batch, clients, steps, vectorized, longest)
     if engine.workers and picked.executor == "parallel":
         picked = choice.Choice("parallel", engine.workers, picked.reason)
     return picked

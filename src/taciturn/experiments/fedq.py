@@ -36,7 +36,7 @@ from taciturn.experiments.config import (
     validate,
 )
 from taciturn.experiments.progress import human_bytes
-from taciturn.report.fedq import MDP_FILE, summary, write_fedq_comparison, write_fedq_report
+from taciturn.report.fedq import MDP_FILE, summary, write_fedq_comparison
 from taciturn.report.rundir import RunDir
 from taciturn.rl.federation import FedQFederation, RoundRecord
 from taciturn.rl.fedq import FedQ, FedQState
@@ -274,7 +274,6 @@ def _loop(
     finally:
         log.removeHandler(handler)
         handler.close()
-    write_fedq_report(rundir)
     return rundir
 
 

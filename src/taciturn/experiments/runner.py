@@ -298,7 +298,4 @@ def _loop(
         exp.federation.executor.close()
         log.removeHandler(handler)
         handler.close()
-    from taciturn.report.html import write_report
-
-    write_report(rundir)
     return rundir

@@ -17,11 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from taciturn.experiments import bandits, fedq, runner
-from taciturn.experiments.bandits_config import BanditsConfig
-from taciturn.experiments.config import ConfigError, RunConfig, read_tree, validate
-from taciturn.report import bandits as bandits_report
-from taciturn.report.html import summary, write_comparison, write_report
+from taciturn.experiments.config import ConfigError, read_tree, validate
 from taciturn.report.rundir import RunDir
 
 
@@ -36,7 +32,15 @@ class ExperimentType:
     compare: Callable[[list[RunDir], Path], tuple[Path, dict[str, dict]]] | None = None
 
 
+def _federated_report(rundir: RunDir) -> Path:
+    from taciturn.report.html import write_report
+
+    return write_report(rundir)
+
+
 def _federated_headline(rundir: RunDir) -> str:
+    from taciturn.report.html import summary
+
     metric = rundir.primary_metric()
     s = summary(rundir.read_metrics(), metric)
     return (
@@ -46,21 +50,43 @@ def _federated_headline(rundir: RunDir) -> str:
 
 
 def _federated_comparison(rundirs: list[RunDir], out: Path) -> tuple[Path, dict[str, dict]]:
+    from taciturn.report.html import summary, write_comparison
+
     metric = rundirs[0].primary_metric()
     keys = [f"final {metric}", f"best {metric}", "MB up", "MB down", "rounds", "wall s"]
     rows = {str(r.path): summary(r.read_metrics(), metric) for r in rundirs}
     return write_comparison(rundirs, out), {run: {k: s.get(k) for k in keys} for run, s in rows.items()}
 
 
-TYPES: dict[str, ExperimentType] = {
-    "federated": ExperimentType(
-        RunConfig, runner.start, runner.resume, write_report, _federated_headline, _federated_comparison
-    ),
-    "fedq": ExperimentType(
-        fedq.FedQRunConfig, fedq.start, fedq.resume, fedq.write_fedq_report, fedq.headline, fedq.compare
-    ),
-    "bandits": ExperimentType(BanditsConfig, bandits.start, bandits.resume, bandits_report.write_report),
-}
+# Each type is imported when a config asks for it: a federated run never pays for the imports of
+# the bandit or Q-learning code (start-up time counts in every benchmark).
+def _federated() -> ExperimentType:
+    from taciturn.experiments import runner
+    from taciturn.experiments.config import RunConfig
+
+    return ExperimentType(
+        RunConfig, runner.start, runner.resume, _federated_report, _federated_headline, _federated_comparison
+    )
+
+
+def _fedq() -> ExperimentType:
+    from taciturn.experiments import fedq
+    from taciturn.report.fedq import write_fedq_report
+
+    return ExperimentType(
+        fedq.FedQRunConfig, fedq.start, fedq.resume, write_fedq_report, fedq.headline, fedq.compare
+    )
+
+
+def _bandits() -> ExperimentType:
+    from taciturn.experiments import bandits
+    from taciturn.experiments.bandits_config import BanditsConfig
+    from taciturn.report import bandits as bandits_report
+
+    return ExperimentType(BanditsConfig, bandits.start, bandits.resume, bandits_report.write_report)
+
+
+TYPES: dict[str, Callable[[], ExperimentType]] = {"federated": _federated, "fedq": _fedq, "bandits": _bandits}
 
 
 def _type_of(tree: dict, source: str) -> ExperimentType:
@@ -69,7 +95,7 @@ def _type_of(tree: dict, source: str) -> ExperimentType:
         close = difflib.get_close_matches(str(name), TYPES, n=1)
         hint = f"did you mean '{close[0]}'?" if close else f"choose one of {', '.join(TYPES)}"
         raise ConfigError(f"invalid config {source}:\n  [type] unknown experiment type {name!r}: {hint}")
-    return TYPES[name]
+    return TYPES[name]()
 
 
 def load(path: Path | str, overrides: list[str] = ()) -> Any:
@@ -77,8 +103,14 @@ def load(path: Path | str, overrides: list[str] = ()) -> Any:
     return validate(tree, str(path), _type_of(tree, str(path)).config)
 
 
-def start(config: Any, out: Path, **options: Any) -> RunDir:
-    return TYPES[config.type].start(config, out, **options)
+def start(config: Any, out: Path, report: bool = True, **options: Any) -> RunDir:
+    """Run ``config`` into ``out``; then write its report.html unless ``report`` is False (a sweep
+    can write them later with `taciturn report`)."""
+    kind = TYPES[config.type]()
+    rundir = kind.start(config, out, **options)
+    if report:
+        kind.report(rundir)
+    return rundir
 
 
 def _type_of_run(rundir: RunDir) -> ExperimentType:
@@ -88,11 +120,16 @@ def _type_of_run(rundir: RunDir) -> ExperimentType:
 
 
 def _type_name(rundir: RunDir) -> str:
-    return next(name for name, kind in TYPES.items() if kind is _type_of_run(rundir))
+    _type_of_run(rundir)  # a known type, or a clear error
+    return tomllib.loads(rundir.config.read_text()).get("type", "federated")
 
 
-def resume(path: Path, **options: Any) -> RunDir:
-    return _type_of_run(RunDir(path)).resume(path, **options)
+def resume(path: Path, report: bool = True, **options: Any) -> RunDir:
+    kind = _type_of_run(RunDir(path))
+    rundir = kind.resume(path, **options)
+    if report:
+        kind.report(rundir)
+    return rundir
 
 
 def report(rundir: RunDir) -> Path:
@@ -105,7 +142,7 @@ def compare(rundirs: list[RunDir], out: Path) -> tuple[Path, dict[str, dict]]:
     if len(set(names.values())) > 1:
         listed = ", ".join(f"{path} ({name})" for path, name in names.items())
         raise ConfigError(f"cannot compare runs of different experiment types: {listed}")
-    kind = TYPES[next(iter(names.values()))]
+    kind = TYPES[next(iter(names.values()))]()
     if kind.compare is None:
         raise ConfigError(f"`taciturn compare` does not support {next(iter(names.values()))} runs yet")
     return kind.compare(rundirs, out)

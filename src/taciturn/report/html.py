@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 
-from taciturn.report import lazy, plots
 from taciturn.report.rundir import RunDir
 
 STYLE = """
@@ -67,6 +66,8 @@ def summary(rows: list[dict], metric: str = "accuracy") -> dict:
 
 
 def write_report(rundir: RunDir) -> Path:
+    from taciturn.report import lazy, plots  # matplotlib: only when a page is written
+
     images = plots.run_plots(rundir)
     rows = rundir.read_metrics()
     parts = [f"<h1>taciturn run: {html.escape(rundir.path.name)}</h1>"]
@@ -160,6 +161,8 @@ def page(path: Path, title: str, parts: list[str]) -> Path:
 
 
 def write_comparison(rundirs: list[RunDir], out: Path) -> Path:
+    from taciturn.report import plots
+
     """Overlay several runs (accuracy vs round and vs bytes) with a summary table."""
     out.mkdir(parents=True, exist_ok=True)
     labels = _labels(rundirs)
