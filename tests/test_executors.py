@@ -144,12 +144,6 @@ def test_balance_spreads_work_evenly():
     [
         ({"all_threads": 1.0, "one_thread": 1.9}, 2, 10, "sequential"),  # threads already scale
         ({"all_threads": 1.0, "one_thread": 1.2}, 2, 10, "parallel"),  # they do not: use processes
-        (
-            {"all_threads": 1.0, "one_thread": 1.2, "vectorized": 2.0, "vectorized_clients": 8},
-            2,
-            10,
-            "vectorized",
-        ),
         ({"all_threads": 1.0, "one_thread": 1.2}, 1, 10, "sequential"),  # one core
         ({"all_threads": 1.0, "one_thread": 1.2}, 2, 1, "sequential"),  # one client a round
     ],
@@ -157,10 +151,10 @@ def test_balance_spreads_work_evenly():
 def test_executor_choice_follows_the_measurements(monkeypatch, timing, cores, clients, expected):
     from taciturn.engine import choice
 
-    timing = {k: v if k == "vectorized_clients" else v * 1e-3 for k, v in timing.items()}
+    timing = {k: v * 1e-3 for k, v in timing.items()}
     monkeypatch.setattr(choice, "_probe", lambda *a: timing)
     monkeypatch.setattr(choice, "available_cores", lambda: cores)
-    picked = choice.choose(None, (torch.zeros(1),), clients, steps=20, vectorized="vmap")
+    picked = choice.choose(None, (torch.zeros(1),), clients, steps=20, vectorized=True)
     assert picked.executor == expected
     assert picked.reason  # always says why
 
@@ -171,16 +165,3 @@ def test_auto_engine_runs_and_logs_its_choice(tmp_path):
     rundir = start(tiny_config(engine={"executor": "auto"}, rounds=2), tmp_path / "run", progress=False)
     assert "executor:" in rundir.log.read_text()
     assert rundir.read_metrics()[-1]["round"] == 2
-
-
-def test_expected_longest_client_is_the_exact_mean_over_all_rounds():
-    """The vectorized estimate pays for the longest client of a round (engine/choice.py)."""
-    import itertools
-    import statistics
-
-    from taciturn.engine.choice import expected_longest
-
-    steps = [3, 17, 5, 5, 40, 8, 1]
-    for k in (1, 2, 3, 7):
-        exact = statistics.mean(max(group) for group in itertools.combinations(steps, k))
-        assert expected_longest(steps, k) == pytest.approx(exact, rel=1e-12)

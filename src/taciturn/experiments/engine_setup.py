@@ -43,23 +43,13 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
         )
     local = config.algorithm.local
     clients = config.algorithm.clients_per_round(data.num_clients)
-    per_client = [
-        local.steps or local.epochs * math.ceil(data.client_size(i) / local.batch_size)
-        for i in range(data.num_clients)
-    ]
-    steps = sum(per_client) / len(per_client)
+    mean_size = data.num_samples / data.num_clients
+    steps = local.steps or local.epochs * math.ceil(mean_size / local.batch_size)
     first = data.client_indices(
         int(np.argmax([data.client_size(c) for c in range(min(data.num_clients, 50))]))
     )
     batch = data.batch(first[: local.batch_size])
-    plain_sgd = not (local.momentum or local.weight_decay or local.clip_norm is not None)
-    plain_objective = type(algorithm).objective is Algorithm.objective
-    if getattr(task, "mlp", None) and plain_sgd and plain_objective:
-        vectorized = "lowrank"
-    else:
-        vectorized = "vmap" if weighted else "none"
-    longest = choice.expected_longest(per_client, clients)
-    picked = choice.choose(task, batch, clients, steps, vectorized, longest)
+    picked = choice.choose(task, batch, clients, steps, vectorized=weighted)
     if engine.workers and picked.executor == "parallel":
         picked = choice.Choice("parallel", engine.workers, picked.reason)
     return picked
