@@ -123,21 +123,12 @@ def start(
     callbacks: tuple[RecordCallback, ...] = (),
 ) -> RunDir:
     rundir = RunDir(out)
-    if rundir.exists() and not overwrite:
-        raise FileExistsError(
-            f"{out} already holds a run; continue it with `taciturn resume {out}` or pass --overwrite"
-        )
+    rundir.check_free(overwrite)
     try:
         simulations = build(config)  # everything that can fail on the config or the data fails here
     except (ratings.RatingsNotFound, ValueError) as error:
         raise ConfigError(f"[environment] {error}") from None
-    if rundir.path.exists():
-        for stale in (rundir.metrics, rundir.ledger, rundir.events, rundir.log, rundir.report):
-            stale.unlink(missing_ok=True)
-        for folder in (rundir.checkpoints, rundir.plots):
-            shutil.rmtree(folder, ignore_errors=True)
-    rundir.path.mkdir(parents=True, exist_ok=True)
-    rundir.config.write_text(to_toml(config))
+    rundir.reset(to_toml(config))
     with rundir.ledger.open("w", newline="") as f:
         csv.writer(f).writerow(LEDGER_COLUMNS)
     wall = dict.fromkeys(simulations, 0.0)

@@ -10,7 +10,6 @@ report.html, plus mdp.safetensors (the MDP itself, so the run is self-contained)
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -145,18 +144,9 @@ def start(
 ) -> RunDir:
     """Run a new FedQ experiment into ``out``."""
     rundir = RunDir(out)
-    if rundir.exists() and not overwrite:
-        raise FileExistsError(
-            f"{out} already holds a run; continue it with `taciturn resume {out}` or pass --overwrite"
-        )
+    rundir.check_free(overwrite)
     exp = prepare(config, out, build_mdp(config))  # a missing or malformed MDP file fails here
-    if rundir.path.exists():
-        for stale in (rundir.metrics, rundir.ledger, rundir.events, rundir.log, rundir.report):
-            stale.unlink(missing_ok=True)
-        for folder in (rundir.checkpoints, rundir.plots):
-            shutil.rmtree(folder, ignore_errors=True)
-    rundir.path.mkdir(parents=True, exist_ok=True)
-    rundir.config.write_text(to_toml(config))
+    rundir.reset(to_toml(config))
     (rundir.path / MDP_FILE).write_bytes(encode(exp.mdp.to_message()))
     state = exp.fedq.init()
     counters = {"round": 0, "episodes": 0, "agent_episodes": 0, "regret": 0.0, "wall_s": 0.0}

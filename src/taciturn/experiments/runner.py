@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -160,18 +159,9 @@ def start(
 ) -> RunDir:
     """Run a new experiment into ``out``."""
     rundir = RunDir(out)
-    if rundir.exists() and not overwrite:
-        raise FileExistsError(
-            f"{out} already holds a run; continue it with `taciturn resume {out}` or pass --overwrite"
-        )
+    rundir.check_free(overwrite)
     exp = prepare(config, out)  # everything that can fail on config or data fails here
-    if rundir.path.exists():
-        for stale in (rundir.metrics, rundir.ledger, rundir.events, rundir.log, rundir.report, rundir.info):
-            stale.unlink(missing_ok=True)
-        for folder in (rundir.checkpoints, rundir.plots):
-            shutil.rmtree(folder, ignore_errors=True)
-    rundir.path.mkdir(parents=True, exist_ok=True)
-    rundir.config.write_text(to_toml(config))
+    rundir.reset(to_toml(config))
     rundir.info.write_text(json.dumps({"primary_metric": exp.task.primary_metric, "engine": exp.engine_note}))
     _write_partition(exp)
     params = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))

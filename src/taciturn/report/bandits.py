@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from taciturn.report.figures import save
 from taciturn.report.html import image, page, table
 from taciturn.report.rundir import RunDir
 
@@ -38,14 +39,6 @@ def _band(ax, x, values: np.ndarray, label: str) -> None:
         ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15)
 
 
-def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def regret_vs_time(data: Curves, path: Path, title: str = "") -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     for method, c in data.items():
@@ -58,7 +51,7 @@ def regret_vs_time(data: Curves, path: Path, title: str = "") -> Path:
     ax.set_yscale("log")  # methods that pool wrongly sit orders of magnitude above the rest
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def regret_vs_bytes(data: Curves, path: Path, title: str = "") -> Path:
@@ -74,7 +67,7 @@ def regret_vs_bytes(data: Curves, path: Path, title: str = "") -> Path:
     ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def f1_vs_time(data: Curves, path: Path, title: str = "") -> Path:
@@ -86,7 +79,7 @@ def f1_vs_time(data: Curves, path: Path, title: str = "") -> Path:
     ax.set_title(title or "Cluster recovery")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def bytes_vs_time(data: Curves, path: Path) -> Path:
@@ -96,7 +89,7 @@ def bytes_vs_time(data: Curves, path: Path) -> Path:
     ax.set(xlabel="step t", ylabel="bytes shared, up + down (MB)", title="Communication vs time")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def summary_rows(rows: list[dict]) -> list[dict]:

@@ -15,6 +15,7 @@ import numpy as np
 
 from taciturn.core.codec import decode
 from taciturn.report import plots
+from taciturn.report.figures import save
 from taciturn.report.html import _labels, image, page, table
 from taciturn.report.rundir import RunDir
 from taciturn.rl.analysis import log_slope, steady_state_slope
@@ -46,7 +47,7 @@ def regret_plot(rows: list[dict], agents: int, horizon: int, path: Path) -> Path
     )
     for ax in axes:
         ax.grid(alpha=0.3)
-    return plots._save(fig, path)
+    return save(fig, path)
 
 
 def rounds_plot(rows: list[dict], horizon: int, path: Path) -> tuple[Path, float]:
@@ -67,7 +68,7 @@ def rounds_plot(rows: list[dict], horizon: int, path: Path) -> tuple[Path, float
     )
     ax.grid(alpha=0.3)
     ax.legend()
-    return plots._save(fig, path), slope
+    return save(fig, path), slope
 
 
 def _load(rundir: RunDir) -> tuple[list[dict], int, TabularMDP]:
@@ -152,7 +153,7 @@ def write_fedq_comparison(rundirs: list[RunDir], out: Path) -> Path:
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    figure = plots._save(fig, out / "fedq_comparison.png")
+    figure = save(fig, out / "fedq_comparison.png")
     facts = [summary(r) for r in rundirs]
     keys = list(facts[0])
     overview = table(["run", *keys], [[label, *f.values()] for label, f in zip(labels, facts, strict=True)])

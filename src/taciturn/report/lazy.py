@@ -9,6 +9,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from taciturn.report.figures import save
+
 # column -> (panel title, y label); all are distances, shown on log axes
 DISTANCES = {
     "divergence": ("Client divergence", r"$\sum_i p_i \|\theta_i - \bar\theta\|$"),
@@ -44,7 +46,7 @@ def analysis_plots(rows: list[dict], folder: Path) -> dict[str, Path]:
             ax.grid(alpha=0.3, which="both")
         for ax in fig.axes[len(keys) :]:
             ax.axis("off")
-        made["analysis"] = _save(fig, folder / "analysis.png")
+        made["analysis"] = save(fig, folder / "analysis.png")
     if any("centralized_loss" in row for row in rows):
         fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.8))
         rounds = [r["round"] for r in rows]
@@ -59,13 +61,5 @@ def analysis_plots(rows: list[dict], folder: Path) -> dict[str, Path]:
         for ax in (ax_loss, ax_acc):
             ax.grid(alpha=0.3)
             ax.legend()
-        made["centralized"] = _save(fig, folder / "centralized.png")
+        made["centralized"] = save(fig, folder / "centralized.png")
     return made
-
-
-def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from taciturn.report.figures import save
 from taciturn.report.lazy import analysis_plots, has_analysis
 from taciturn.report.rundir import RunDir
 
@@ -28,14 +29,6 @@ def bytes_per_round(ledger: Path) -> dict[str, dict[int, int]]:
     return totals
 
 
-def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def accuracy_vs_round(series: Series, path: Path, metric: str = "accuracy") -> Path:
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10, 3.8))
     for label, rows in series:
@@ -48,7 +41,7 @@ def accuracy_vs_round(series: Series, path: Path, metric: str = "accuracy") -> P
         ax.grid(alpha=0.3)
     if len(series) > 1:
         ax_acc.legend()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def accuracy_vs_bytes(series: Series, path: Path, metric: str = "accuracy") -> Path:
@@ -62,7 +55,7 @@ def accuracy_vs_bytes(series: Series, path: Path, metric: str = "accuracy") -> P
     ax.grid(alpha=0.3)
     if len(series) > 1:
         ax.legend()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def traffic_per_round(ledger: Path, path: Path) -> Path:
@@ -75,7 +68,7 @@ def traffic_per_round(ledger: Path, path: Path) -> Path:
     ax.bar(rounds, up, bottom=down, label="up (clients to server)", color="tab:orange", width=1.0)
     ax.set(xlabel="round", ylabel="MB sent", title="Bytes per round")
     ax.legend()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def partition_histogram(partition: dict, path: Path) -> Path:
@@ -87,7 +80,7 @@ def partition_histogram(partition: dict, path: Path) -> Path:
     ax.set(xlabel="client", ylabel="class", title=f"Samples per client and class: {partition['kind']}")
     if hist.shape[1] <= 20:
         ax.set_yticks(range(hist.shape[1]))
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def run_plots(rundir: RunDir) -> dict[str, Path]:

@@ -56,6 +56,24 @@ class RunDir:
     def read_partition(self) -> dict[str, Any]:
         return json.loads(self.partition.read_text())
 
+    def check_free(self, overwrite: bool) -> None:
+        """Refuse to start a new run over an existing one unless told to overwrite it."""
+        if self.exists() and not overwrite:
+            raise FileExistsError(
+                f"{self.path} already holds a run; continue it with `taciturn resume {self.path}` "
+                "or pass --overwrite"
+            )
+
+    def reset(self, config_toml: str) -> None:
+        """Start the folder afresh for a new run: old results removed, the resolved config written."""
+        if self.path.exists():
+            for stale in (self.metrics, self.ledger, self.events, self.log, self.report, self.info):
+                stale.unlink(missing_ok=True)
+            for folder in (self.checkpoints, self.plots):
+                shutil.rmtree(folder, ignore_errors=True)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.config.write_text(config_toml)
+
     def primary_metric(self) -> str:
         """The evaluation metric plots and summaries lead with ("accuracy" unless run.json says)."""
         if self.info.exists():
