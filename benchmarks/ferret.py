@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
+from docs_section import replace_titled_section
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -352,11 +352,7 @@ Against the paper's claims (LLaMA-3B on NI, its Tables 2 and 4):
   {results["clients_per_round"]} clients is a short run: it shows direction and cost, not
   converged accuracy.
 """
-    path = ROOT / "docs" / "benchmarks.md"
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    new = pattern.sub(lambda _: text + "\n", old) if pattern.search(old) else old.rstrip() + "\n\n" + text
-    path.write_text(new)
+    replace_titled_section(SECTION.removeprefix("## "), text)
 
 
 def main() -> None:
