@@ -39,7 +39,7 @@ from taciturn.core.ledger import Direction
 from taciturn.core.params import num_elements
 from taciturn.core.rng import SERVER, Streams
 from taciturn.data.instructions import TASKS
-from taciturn.engine import Federation, SequentialExecutor
+from taciturn.engine import ClientPipeline, Federation, SequentialExecutor
 from taciturn.experiments.config import RunConfig, validate
 from taciturn.experiments.runner import build_task
 
@@ -133,15 +133,9 @@ def run_method(name: str, scale: Scale, task, data, initial: dict, rounds: int, 
     streams = Streams(config.seed)
     algorithm = build_algorithm(config.algorithm)
     ledger = Ledger()
-    federation = Federation(
-        algorithm,
-        SequentialExecutor(algorithm),
-        Channel(ledger, streams),
-        MemoryStateStore(),
-        streams,
-        data,
-        task.loss,
-    )
+    channel = Channel(ledger, streams)
+    pipeline = ClientPipeline(algorithm, channel, MemoryStateStore(), streams, data, task.loss)
+    federation = Federation(algorithm, SequentialExecutor(pipeline), streams, data)
     peak_rss_reset()
     state = algorithm.init_server(initial, data.num_clients)
     bar = progress.add_task(name, total=rounds)
