@@ -15,19 +15,11 @@ from taciturn.data.datasets import ArrayDataset
 from taciturn.data.partition import class_histogram
 
 
-@dataclass(frozen=True)
-class FederatedData:
-    dataset: ArrayDataset
-    offsets: np.ndarray  # client i owns order[offsets[i]:offsets[i+1]]
-    order: np.ndarray  # all training indices, grouped by client
+class ClientSlices:
+    """Clients as contiguous slices of one index array: client i owns order[offsets[i]:offsets[i+1]]."""
 
-    @classmethod
-    def from_parts(cls, dataset: ArrayDataset, parts: list[np.ndarray]) -> FederatedData:
-        sizes = np.array([len(p) for p in parts], dtype=np.int64)
-        order = np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
-        if len(order) != len(dataset.y_train) or len(np.unique(order)) != len(order):
-            raise ValueError("a partition must assign every training sample to exactly one client")
-        return cls(dataset, np.concatenate([[0], np.cumsum(sizes)]), order)
+    offsets: np.ndarray
+    order: np.ndarray
 
     @property
     def num_clients(self) -> int:
@@ -42,6 +34,21 @@ class FederatedData:
 
     def client_indices(self, client: int) -> np.ndarray:
         return self.order[self.offsets[client] : self.offsets[client + 1]]
+
+
+@dataclass(frozen=True)
+class FederatedData(ClientSlices):
+    dataset: ArrayDataset
+    offsets: np.ndarray  # client i owns order[offsets[i]:offsets[i+1]]
+    order: np.ndarray  # all training indices, grouped by client
+
+    @classmethod
+    def from_parts(cls, dataset: ArrayDataset, parts: list[np.ndarray]) -> FederatedData:
+        sizes = np.array([len(p) for p in parts], dtype=np.int64)
+        order = np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
+        if len(order) != len(dataset.y_train) or len(np.unique(order)) != len(order):
+            raise ValueError("a partition must assign every training sample to exactly one client")
+        return cls(dataset, np.concatenate([[0], np.cumsum(sizes)]), order)
 
     def batch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.from_numpy(indices)

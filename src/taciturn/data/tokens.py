@@ -14,6 +14,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from taciturn.data.federated import ClientSlices
 from taciturn.data.instructions import Example, InstructionSet
 from taciturn.data.partition import class_histogram
 
@@ -59,7 +60,7 @@ def _masked(ids: torch.Tensor, lengths: torch.Tensor, prompts: torch.Tensor) -> 
 
 
 @dataclass(frozen=True)
-class TokenData:
+class TokenData(ClientSlices):
     dataset: InstructionSet
     ids: torch.Tensor  # int64 (n, longest example), padded with pad_id
     lengths: torch.Tensor  # int64 (n,)
@@ -87,20 +88,6 @@ class TokenData:
             np.concatenate([[0], np.cumsum(sizes)]),
             order,
         )
-
-    @property
-    def num_clients(self) -> int:
-        return len(self.offsets) - 1
-
-    @property
-    def num_samples(self) -> int:
-        return len(self.order)
-
-    def client_size(self, client: int) -> int:
-        return int(self.offsets[client + 1] - self.offsets[client])
-
-    def client_indices(self, client: int) -> np.ndarray:
-        return self.order[self.offsets[client] : self.offsets[client + 1]]
 
     def batch(self, indices: np.ndarray) -> dict[str, torch.Tensor]:
         idx = torch.from_numpy(np.asarray(indices, dtype=np.int64))
