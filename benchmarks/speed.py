@@ -11,9 +11,10 @@ sampler sums RSS and PSS over its whole process tree.
     make bench-env                                # Flower and pfl in their own venvs
     python benchmarks/speed.py                    # W, W2, W3, W3c (3 repetitions) and W4
 
-Implementations: taciturn (default = executor "auto"), taciturn sequential, taciturn vectorized
-(MLP workloads), Flower 1.x simulation (Ray), pfl-research SimulatedBackend, and the floor (a
-plain PyTorch loop over the same mini-batches with 2 threads).
+Implementations: taciturn (default = executor "auto"), taciturn sequential, taciturn parallel and
+vectorized (MLP workloads, where auto may choose otherwise), Flower 1.x simulation (Ray),
+pfl-research SimulatedBackend, and the floor (a plain PyTorch loop over the same mini-batches with
+2 threads).
 """
 
 from __future__ import annotations
@@ -44,6 +45,15 @@ PYTHON = sys.executable
 FLOWER_PY = BENCH / ".venv-flower" / "bin" / "python"
 PFL_PY = BENCH / ".venv-pfl" / "bin" / "python"
 console = Console()
+IMPLS = [  # the columns of every table
+    "taciturn",
+    "taciturn_sequential",
+    "taciturn_parallel",
+    "taciturn_vectorized",
+    "flower",
+    "pfl",
+    "floor",
+]
 MATMUL_GFLOPS = 210  # dense matmul peak measured on this 2-core machine (issue 4)
 
 
@@ -246,10 +256,11 @@ def commands(
         "floor": ([PYTHON, "floor.py", str(plan), str(out / "floor.json")], out / "floor.json"),
     }
     if "mlp" in json.loads((plan / "plan.json").read_text())["model"]:
-        found["taciturn_vectorized"] = (
-            [*taciturn, "--out", str(out / "vec"), "--set", 'engine.executor="vectorized"'],
-            out / "vec" / "metrics.jsonl",
-        )
+        for impl, executor in (("taciturn_parallel", "parallel"), ("taciturn_vectorized", "vectorized")):
+            found[impl] = (
+                [*taciturn, "--out", str(out / impl), "--set", f'engine.executor="{executor}"'],
+                out / impl / "metrics.jsonl",
+            )
     if FLOWER_PY.exists() and not quick:
         found["flower"] = (
             [str(FLOWER_PY), "flower_fedavg.py", str(plan), str(out / "flower.json")],
@@ -338,7 +349,7 @@ def run_w4(quick: bool) -> dict[str, Any]:
 def show(results: dict[str, Any]) -> None:
     table = Table(title="whole-command wall seconds (median), and ratio to the floor")
     table.add_column("workload")
-    impls = ["taciturn", "taciturn_sequential", "taciturn_vectorized", "flower", "pfl", "floor"]
+    impls = IMPLS
     for impl in impls:
         table.add_column(impl, justify="right")
     for name, res in results.items():
@@ -403,7 +414,7 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(results: dict[str, Any]) -> str:
-    impls = ["taciturn", "taciturn_sequential", "taciturn_vectorized", "flower", "pfl", "floor"]
+    impls = IMPLS
     rows, memory, accuracy = [], [], []
     for name, res in results.items():
         if not isinstance(res, dict) or "wall_s" not in res or name == "W4":

@@ -142,6 +142,19 @@ def test_disk_store_round_trip_presence_and_checkpoint(tmp_path):
     assert torch.equal(other.get(7)["c/w"], torch.ones(2, 3))
 
 
+def test_a_disk_store_starts_empty_over_a_file_an_earlier_run_left(tmp_path):
+    """--overwrite once reused the old file, so a new SCAFFOLD run read stale control variates."""
+    from taciturn.core.disk_store import DiskStateStore
+
+    earlier = DiskStateStore(tmp_path / "s.bin", 4)
+    earlier.put(2, {"x": torch.tensor([1.5, 2.5])})
+    earlier.close()
+    fresh = DiskStateStore(tmp_path / "s.bin", 4)
+    assert fresh.get(2) is None and list(fresh.clients()) == []
+    fresh.put(1, {"y": torch.zeros(3)})  # a new layout is free to differ from the old one
+    assert torch.equal(fresh.get(1)["y"], torch.zeros(3))
+
+
 def test_disk_store_is_shared_between_instances(tmp_path):
     from taciturn.core.disk_store import DiskStateStore
 

@@ -67,6 +67,26 @@ def test_round_trip_keeps_nan_and_noncontiguous_and_big_endian():
     np.testing.assert_array_equal(back.arrays["b"], big)
 
 
+def test_decoded_arrays_come_in_name_order():
+    """safetensors hands arrays back in hash order, which differs between processes."""
+    names = ["z", "a.weight", "m", "a.bias", "b"]
+    back = decode(encode(Message({n: np.zeros(3, np.float32) for n in names})))
+    assert list(back.arrays) == sorted(names)
+
+
+def test_a_broadcast_is_decoded_once_and_counted_for_every_client():
+    ledger = Ledger()
+    channel = Channel(ledger, Streams(0))
+    broadcast = Message({"w": np.arange(4, dtype=np.float32)})
+    received = [channel.send(Direction.DOWN, 1, client, broadcast) for client in range(3)]
+    assert received[0] is received[1] is received[2]
+    assert received[0] is not broadcast
+    assert ledger.totals(Direction.DOWN).messages_sent == 3
+    assert ledger.totals(Direction.DOWN).bytes_sent == 3 * len(encode(broadcast))
+    other = Message({"w": np.ones(4, dtype=np.float32)})
+    np.testing.assert_array_equal(channel.send(Direction.DOWN, 1, 0, other).arrays["w"], other.arrays["w"])
+
+
 def test_encoding_is_plain_safetensors():
     message = Message({"w": np.ones((2, 3), np.float32)}, {"round": 3})
     loaded = safetensors.numpy.load(encode(message))

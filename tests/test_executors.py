@@ -96,14 +96,42 @@ def test_clients_with_fewer_steps_are_masked_not_padded(tmp_path):
         torch.testing.assert_close(vectorized[name], reference[name], **TOLERANCE)
 
 
-def parallel(workers):
+def parallel(workers, vectorized=False):
     from taciturn.engine.parallel import ParallelExecutor
 
     def make(pipeline):
-        return ParallelExecutor(pipeline, workers)
+        return ParallelExecutor(pipeline, workers, vectorized=vectorized)
 
-    make.__name__ = f"parallel{workers}"
+    make.__name__ = f"parallel{workers}{'_vectorized' if vectorized else ''}"
     return make
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "model"),
+    [
+        ({"name": "fedavg", "local": {"lr": 0.2}}, {"kind": "mlp", "hidden": [16]}),  # low-rank per worker
+        ({"name": "scaffold", "local": {"momentum": 0.5}}, None),  # vmap in each worker, state on disk
+    ],
+    ids=["fedavg-mlp", "scaffold"],
+)
+def test_parallel_vectorized_agrees_with_sequential(tmp_path, algorithm, model):
+    reference, ref_reports, _ = run(tmp_path, SequentialExecutor, algorithm, store="disk", model=model)
+    result, reports, _ = run(tmp_path, parallel(2, vectorized=True), algorithm, store="disk", model=model)
+    for name in reference:
+        torch.testing.assert_close(result[name], reference[name], **TOLERANCE)
+    for a, b in zip(ref_reports, reports, strict=True):
+        assert (a.selected, a.accepted, a.failed) == (b.selected, b.accepted, b.failed)
+
+
+def test_vectorized_trains_a_round_in_one_group_whatever_the_parameter_order(tmp_path):
+    """Decoded messages once came back in hash order, which split every round into groups of one."""
+    from taciturn.engine import vectorized
+
+    exp = prepare(tiny_config(model={"kind": "mlp", "hidden": [4]}), tmp_path)
+    params = exp.task.init_params(torch.Generator().manual_seed(0))
+    backwards = dict(reversed(list(params.items())))
+    works = [(None, vectorized.LocalTraining(params=p, consts={})) for p in (params, backwards, params)]
+    assert list(vectorized._groups(works).values()) == [[0, 1, 2]]
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS, ids=lambda a: a["name"] + str(len(a)))
@@ -159,9 +187,48 @@ def test_executor_choice_follows_the_measurements(monkeypatch, timing, cores, cl
     assert picked.reason  # always says why
 
 
+@pytest.mark.parametrize(("cores", "expected"), [(2, "parallel_vectorized"), (1, "vectorized")])
+def test_low_rank_workloads_train_clients_at_once(monkeypatch, cores, expected):
+    from taciturn.engine import choice
+
+    monkeypatch.setattr(choice, "available_cores", lambda: cores)
+    picked = choice.choose(None, (torch.zeros(1),), 50, steps=6, vectorized=True, low_rank=True)
+    assert (picked.executor, picked.workers) == (expected, 2 if cores == 2 else 0)
+
+
+def test_low_rank_pays_while_corrections_cost_less_than_dense_products(tmp_path):
+    """784-200-200-10: dense 198,800 multiply-adds a row; corrections s/2 * 1,594: break-even s = 249.4."""
+    from taciturn.engine import lowrank
+
+    config = tiny_config(
+        data={"dataset": "synthetic", "num_samples": 400, "num_features": 784, "num_classes": 10},
+        model={"kind": "mlp", "hidden": [200, 200]},
+    )
+    exp = prepare(config, tmp_path)
+    params = exp.task.init_params(torch.Generator().manual_seed(0))
+    assert lowrank.applies(exp.algorithm, exp.task)
+    assert lowrank.pays(exp.task, params, 249) and not lowrank.pays(exp.task, params, 250)
+
+
 def test_auto_engine_runs_and_logs_its_choice(tmp_path):
     from taciturn.experiments.runner import start
 
     rundir = start(tiny_config(engine={"executor": "auto"}, rounds=2), tmp_path / "run", progress=False)
     assert "executor:" in rundir.log.read_text()
+    assert rundir.read_metrics()[-1]["round"] == 2
+
+
+def test_auto_engine_picks_the_low_rank_workers_for_a_small_client_mlp(tmp_path, monkeypatch):
+    from taciturn.engine import choice
+    from taciturn.experiments.runner import start
+
+    monkeypatch.setattr(choice, "available_cores", lambda: 2)
+    config = tiny_config(  # 8 samples a round against layers 10-256-3: the corrections cost less
+        engine={"executor": "auto"},
+        model={"kind": "mlp", "hidden": [256]},
+        algorithm={"name": "fedavg", "fraction": 0.5, "local": {"steps": 1, "batch_size": 8}},
+        rounds=2,
+    )
+    rundir = start(config, tmp_path / "run", progress=False)
+    assert "executor: parallel_vectorized with 2 workers" in rundir.log.read_text()
     assert rundir.read_metrics()[-1]["round"] == 2

@@ -33,7 +33,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from taciturn.core.message import Message
-from taciturn.core.params import Params
+from taciturn.core.params import Params, sub
 from taciturn.core.rng import Streams
 from taciturn.core.state_store import ClientState
 from taciturn.data.batching import batch_plan
@@ -111,6 +111,11 @@ class TrainResult:
     steps: int
     mean_loss: float  # mean objective over the steps taken
     mean_gradient: Params | None = None  # mean objective gradient (raw: before decay/clipping), if tracked
+    delta: Params | None = None  # params minus the start, where the trainer formed it directly
+
+    def change(self, start: Params) -> Params:
+        """The trained parameters minus the starting ones (what FedAvg-style uplinks carry)."""
+        return self.delta if self.delta is not None else sub(self.params, start)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from taciturn.algorithms.base import (
     positive_count,
 )
 from taciturn.core.message import Message
-from taciturn.core.params import Params, add, clone, sub, weighted_sum
+from taciturn.core.params import Params, add, clone, weighted_sum
 
 
 class FedAvgConfig(AlgorithmConfig):
@@ -75,7 +75,7 @@ class FedAvg(Algorithm):
         return LocalTraining(params=ctx.received.tensors(), consts={})
 
     def client_end(self, ctx: ClientContext, work: LocalTraining, result: TrainResult) -> ClientOutput:
-        delta = sub(result.params, work.params)
+        delta = result.change(work.params)
         return ClientOutput(Message.from_tensors(delta, num_samples=ctx.num_samples, **loss_meta(result)))
 
     def accumulate(self, arrivals: Sequence[Arrival]) -> WeightedDeltas:

@@ -1,7 +1,9 @@
 """Channel: delivers messages between clients and the server, and may drop them.
 
 Every message is encoded with the codec, so the ledger records the bytes a real network would
-carry, and the receiver gets a decoded copy (no aliasing with the sender's memory). Drops are
+carry, and the receiver gets a decoded copy (no aliasing with the sender's memory). A broadcast (one
+Message sent to many clients) is encoded once and decoded once: its receivers share the decoded
+copy, so they must treat what arrives as read-only (every algorithm builds new tensors from it). Drops are
 independent Bernoulli draws per message and direction, from the run's seeded streams, which is
 how communication failures are simulated. A dropped message is counted as sent, not delivered.
 """
@@ -25,12 +27,18 @@ class Channel:
         self.streams = streams
         self.drop = {Direction.UP: drop_up, Direction.DOWN: drop_down}
         self._encoded: tuple[Message, bytes] | None = None
+        self._decoded: tuple[bytes, Message] | None = None
 
     def _encode(self, message: Message) -> bytes:
         # A broadcast sends one Message object to many clients: encode it once.
         if self._encoded is None or self._encoded[0] is not message:
             self._encoded = (message, encode(message))
         return self._encoded[1]
+
+    def _decode(self, data: bytes) -> Message:
+        if self._decoded is None or self._decoded[0] is not data:
+            self._decoded = (data, decode(data))
+        return self._decoded[1]
 
     def _deliver(self, direction: Direction, round: int, client: int, nbytes: int) -> bool:
         p = self.drop[direction]
@@ -41,7 +49,7 @@ class Channel:
     def send(self, direction: Direction, round: int, client: int, message: Message) -> Message | None:
         """Send one message between ``client`` and the server; return what arrives, or None if dropped."""
         data = self._encode(message)
-        return decode(data) if self._deliver(direction, round, client, len(data)) else None
+        return self._decode(data) if self._deliver(direction, round, client, len(data)) else None
 
     def multicast(
         self, direction: Direction, round: int, clients: Iterable[int], message: Message
@@ -49,9 +57,8 @@ class Channel:
         """Send one message to each of ``clients``; return the clients it reached and what arrived.
 
         Every copy is counted and may be dropped exactly as with ``send``; the receivers share one
-        decoded copy (decoding once is what makes forwarding a sample to many agents cheap), so
-        they must not modify it.
+        decoded copy, as with any broadcast.
         """
         data = self._encode(message)
         reached = [c for c in clients if self._deliver(direction, round, c, len(data))]
-        return reached, decode(data) if reached else None
+        return reached, self._decode(data) if reached else None

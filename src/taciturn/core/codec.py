@@ -58,4 +58,6 @@ def decode(data: bytes) -> Message:
         raise CodecError(f"cannot decode message: {error}") from error
     if not isinstance(meta, dict):
         raise CodecError("message metadata must be a JSON object")
-    return Message(arrays=arrays, meta=meta)
+    # safetensors returns the arrays in hash order, which changes from process to process; a
+    # fixed order keeps everything that walks a message (norms, flattening, grouping) reproducible.
+    return Message(arrays={name: arrays[name] for name in sorted(arrays)}, meta=meta)

@@ -5,7 +5,8 @@ match. Slots are read and written with pread/pwrite, never memory-mapped, so sta
 page cache rather than in the process's resident memory: 10,000 SCAFFOLD clients cost disk, not
 RAM. Different clients never share bytes, so worker processes can use one store concurrently; a
 presence byte per client (at the head of the file) says who has state. Untouched slots are holes
-in a sparse file.
+in a sparse file. A store starts empty: a file an earlier run left in the folder is truncated, not
+read (resuming writes the checkpoint's clients back, ``load``).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class DiskStateStore(ClientStateStore):
         self.layout_path = self.path.with_suffix(".layout.json")
         self.num_clients = num_clients
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.layout_path.unlink(missing_ok=True)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         self._fields: list[Field] | None = None
         self._slot = 0
 

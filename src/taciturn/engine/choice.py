@@ -10,11 +10,13 @@ Each timing is the fastest of several repetitions. The estimated round times the
     parallel    ~ C * K * t_one / W + o        (W single-thread workers, W = cores; o per round)
 with C clients a round taking K local steps each.
 
-The vectorized executor (vmap, or the low-rank path for plain FedAvg on a ReLU MLP) is chosen only
-with a GPU. On CPU we measured it against the sequential executor on every speed workload
-(docs/benchmarks.md): it never won (0.9-1.0x on W3, 0.6-0.8x on W2), because with distinct weights
-per client each step is a small product that reads the whole layer, and clients of unequal sizes
-make it run as many steps as the longest. One core or one client per round: sequential.
+With a GPU the vectorized executor (vmap over stacked per-client weights) is chosen. On CPU vmap
+loses to the loop (with distinct weights per client each step is a small product that reads the
+whole layer), except where the exact low-rank algebra of engine/lowrank.py applies (plain local SGD
+on a ReLU MLP, FedAvg's objective) and pays (clients with fewer samples a round than makes the
+corrections cost more than the dense products, ``lowrank.pays``): then every worker process trains
+its share of the clients at once (``parallel_vectorized``; measured 1.6-2x the parallel loop on
+W3, docs/benchmarks.md). One core or one client per round: sequential.
 """
 
 from __future__ import annotations
@@ -46,12 +48,26 @@ def available_cores() -> int:
 
 
 def choose(
-    task: Task, batch: tuple[torch.Tensor, ...], clients_per_round: int, steps: float, vectorized: bool
+    task: Task,
+    batch: tuple[torch.Tensor, ...],
+    clients_per_round: int,
+    steps: float,
+    vectorized: bool,
+    low_rank: bool = False,
 ) -> Choice:
-    """``vectorized``: whether the vectorized executor can train this task's clients."""
+    """``vectorized``: whether the vectorized executor can train this task's clients; ``low_rank``:
+    whether it would use the exact low-rank algebra and that pays (``lowrank.applies`` and ``pays``)."""
     cores = available_cores()
     if torch.cuda.is_available() and vectorized:
         return Choice("vectorized", 0, "a GPU is present: all clients' local steps in one vmapped call")
+    if vectorized and low_rank:
+        reason = (
+            "plain local SGD on a ReLU MLP with few samples per client: the exact low-rank algebra "
+            "trains many clients in one set of large products"
+        )
+        if cores >= 2 and clients_per_round >= 2:
+            return Choice("parallel_vectorized", min(cores, clients_per_round), f"{reason}, in each worker")
+        return Choice("vectorized", 0, reason)
     if cores < 2:
         return Choice("sequential", 0, "one CPU core: nothing to run in parallel")
     if clients_per_round < 2:

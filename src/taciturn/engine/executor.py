@@ -2,7 +2,8 @@
 
 * ``sequential``: one client after another, in this process. The reference.
 * ``vectorized``: the local steps of all of a round's clients at once with torch.func (vmap).
-* ``parallel``: clients spread over worker processes, one thread each (engine/parallel.py).
+* ``parallel``: clients spread over worker processes, one thread each (engine/parallel.py);
+  ``parallel_vectorized``: the same, each worker training its share as the vectorized executor does.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ local SGD (no momentum, weight decay or clipping); ``eligible`` says whether a g
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -32,27 +32,48 @@ import torch.nn.functional as F
 from taciturn.algorithms.base import Algorithm, ClientContext, LocalConfig, LocalTraining, TrainResult
 
 
+def applies(algorithm: Algorithm, task: object) -> bool:
+    """Whether this algorithm's local training on this task is the plain SGD the algebra covers."""
+    config = algorithm.config.local
+    return (
+        getattr(task, "mlp", None) is not None
+        and type(algorithm).objective is Algorithm.objective
+        and not config.momentum
+        and not config.weight_decay
+        and config.clip_norm is None
+    )
+
+
+def pays(task: object, params: dict[str, torch.Tensor], samples_per_client: float) -> bool:
+    """Whether the per-client corrections cost fewer flops than the dense products they replace.
+
+    At a step after s earlier samples, a layer with n inputs and m outputs costs a client about
+    s (n + m) multiply-adds per row in corrections against n m in the dense product; s grows
+    from 0 to the client's samples in a round, so on average it is half of them.
+    """
+    shapes = [params[w].shape for w, _ in task.mlp]  # type: ignore[attr-defined]
+    dense = sum(m * n for m, n in shapes)
+    corrections = samples_per_client / 2 * sum(m + n for m, n in shapes)
+    return corrections < dense
+
+
 def eligible(algorithm: Algorithm, items: Sequence[tuple[ClientContext, LocalTraining]]) -> bool:
     if not items:
         return False
     ctx, first = items[0]
-    task = getattr(ctx.loss, "__self__", None)
-    config = algorithm.config.local
-    if (
-        getattr(task, "mlp", None) is None
-        or type(algorithm).objective is not Algorithm.objective
-        or first.consts
-        or first.track_gradient
-        or config.momentum
-        or config.weight_decay
-        or config.clip_norm is not None
-    ):
+    if not applies(algorithm, getattr(ctx.loss, "__self__", None)) or first.consts or first.track_gradient:
         return False
     return all(
         w.params.keys() == first.params.keys()
-        and all(torch.equal(w.params[n], first.params[n]) for n in first.params)
+        and all(_same(w.params[n], first.params[n]) for n in first.params)
         for _, w in items[1:]
     )
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values; clients of one broadcast share its decoded memory, which is quicker to see."""
+    shared = a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.stride() == b.stride()
+    return a.shape == b.shape and (shared or torch.equal(a, b))
 
 
 @torch.no_grad()
@@ -119,22 +140,43 @@ def train_group(
                 biases[k] -= lr * g.sum(dim=1)
             if k > 0:
                 g = da * (outputs[k - 1] > 0)
-    results = []
-    finals = [
-        w - lr * torch.bmm(past_grads[k].transpose(1, 2), past_inputs[k]) for k, w in enumerate(weights)
+    # Each client's change W(t) - W(0) = -lr D_past^T A_past, formed directly (one product per layer
+    # for all clients); its weights W(0) + change are formed only if something reads them.
+    changes = [
+        torch.baddbmm(w, past_grads[k].transpose(1, 2), past_inputs[k], beta=0, alpha=-lr)
+        for k, w in enumerate(weights)
     ]
+    results = []
     for i in range(clients):
-        params = {}
+        delta = {}
         for k, (w_name, b_name) in enumerate(layers):
-            params[w_name] = finals[k][i]
+            delta[w_name] = changes[k][i]
             if b_name is not None:
-                params[b_name] = biases[k][i]
+                delta[b_name] = biases[k][i] - start[b_name]
+        delta = {n: delta[n] for n in start}
         results.append(
             TrainResult(
-                params={n: params[n] for n in start},
+                params=_Offset(start, delta),
                 momentum=None,
                 steps=int(steps[i]),
                 mean_loss=float(loss_sum[i] / max(int(steps[i]), 1)),
+                delta=delta,
             )
         )
     return results
+
+
+class _Offset(Mapping[str, torch.Tensor]):
+    """start + delta, each tensor formed when it is read (FedAvg reads only the delta)."""
+
+    def __init__(self, start: Mapping[str, torch.Tensor], delta: Mapping[str, torch.Tensor]):
+        self._start, self._delta = start, delta
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._start[name] + self._delta[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._delta)
+
+    def __len__(self) -> int:
+        return len(self._delta)

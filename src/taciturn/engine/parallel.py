@@ -10,8 +10,9 @@ per client. Everything crosses the process boundary through the codec (safetenso
 nothing is pickled. Clients with persistent state need a store the workers can share
 (``DiskStateStore``).
 
-Within a worker the computation is identical to the sequential executor's; the partial sums are
-added in another order, so results agree with it up to floating-point rounding.
+Within a worker the computation is the sequential executor's (or, with ``vectorized``, the
+vectorized executor's); the partial sums are added in another order, so results agree with the
+sequential executor up to floating-point rounding.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from taciturn.core.ledger import Direction, Ledger
 from taciturn.core.message import Message
 from taciturn.core.packing import pack, unpack
 from taciturn.engine.executor import Executor, LoopTrainer
-from taciturn.engine.pipeline import ClientPipeline, RoundPart, merge
+from taciturn.engine.pipeline import ClientPipeline, RoundPart, Trainer, merge
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +48,14 @@ class WorkerFailed(RuntimeError):
 
 
 class ParallelExecutor(Executor):
-    name = "parallel"
+    """``vectorized``: each worker trains its share all at once (engine/vectorized.py) instead of
+    one client after another; for plain FedAvg on a ReLU MLP that is the exact low-rank algebra of
+    engine/lowrank.py, whose large shared products then run on every core."""
 
-    def __init__(self, pipeline: ClientPipeline, workers: int):
+    def __init__(self, pipeline: ClientPipeline, workers: int, vectorized: bool = False):
         super().__init__(pipeline)
+        self.name = "parallel_vectorized" if vectorized else "parallel"
+        self.vectorized = vectorized
         if pipeline.algorithm.keeps_client_state and not pipeline.store.shared:
             raise ValueError(
                 f"{pipeline.algorithm.name} keeps client state, which the parallel executor's workers can "
@@ -68,7 +73,10 @@ class ParallelExecutor(Executor):
         for index in range(self.num_workers):
             ours, theirs = context.Pipe()
             process = context.Process(
-                target=_work, args=(theirs, self.pipeline), name=f"taciturn-worker-{index}", daemon=True
+                target=_work,
+                args=(theirs, self.pipeline, self.vectorized),
+                name=f"taciturn-worker-{index}",
+                daemon=True,
             )
             process.start()
             theirs.close()
@@ -179,12 +187,18 @@ def _decode_partial(header: dict[str, Any], messages: list[Message]) -> Any:
     return unpack(getattr(importlib.import_module(module), name), messages[0])
 
 
-def _work(conn: Connection, pipeline: ClientPipeline) -> None:
+def _work(conn: Connection, pipeline: ClientPipeline, vectorized: bool) -> None:
     """A worker's loop: serve shares until told to stop."""
     torch.set_num_threads(1)
     logging.getLogger("taciturn").handlers.clear()  # the main process owns the run log
     drop = pipeline.channel.drop
-    trainer = LoopTrainer()
+    trainer: Trainer
+    if vectorized:
+        from taciturn.engine.vectorized import VmapTrainer
+
+        trainer = VmapTrainer()
+    else:
+        trainer = LoopTrainer()
     while True:
         try:
             request = json.loads(conn.recv_bytes())

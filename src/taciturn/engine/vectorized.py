@@ -60,7 +60,7 @@ class VectorizedExecutor(Executor):
 def _signature(work: LocalTraining) -> tuple:
     leaves, spec = tree_flatten(work.consts)
     shapes = tuple(tuple(leaf.shape) if isinstance(leaf, torch.Tensor) else () for leaf in leaves)
-    params = tuple((n, tuple(p.shape)) for n, p in work.params.items())
+    params = tuple(sorted((n, tuple(p.shape)) for n, p in work.params.items()))
     return params, str(spec), shapes, work.momentum is None, work.track_gradient
 
 

@@ -219,8 +219,10 @@ _DEFAULT_TAGS = (
 
 
 class EngineConfig(StrictModel):
-    executor: Literal["auto", "sequential", "vectorized", "parallel"] = Field(
-        "auto", description="where clients run; auto measures this machine (engine/choice.py)"
+    executor: Literal["auto", "sequential", "vectorized", "parallel", "parallel_vectorized"] = Field(
+        "auto",
+        description="where clients run (parallel_vectorized: each worker process trains its share at once); "
+        "auto measures this machine (engine/choice.py)",
     )
     workers: int = Field(0, ge=0, description="parallel workers (0: one per CPU core)")
     store: Literal["auto", "memory", "disk"] = Field(
@@ -267,7 +269,7 @@ class RunConfig(StrictModel):
             )
         if (self.model.kind == "causal_lm") != (self.data.dataset == "instructions"):
             raise ValueError("model.kind = 'causal_lm' and data.dataset = 'instructions' go together")
-        if self.analysis.enabled and self.engine.executor == "parallel":
+        if self.analysis.enabled and self.engine.executor.startswith("parallel"):
             raise ValueError(
                 "[analysis] needs every client's update in this process; use engine.executor = "
                 "'sequential', 'vectorized' or 'auto' (parallel workers send back only their reduced share)"

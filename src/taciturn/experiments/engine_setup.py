@@ -13,7 +13,7 @@ from taciturn.core.channel import Channel
 from taciturn.core.disk_store import DiskStateStore
 from taciturn.core.rng import Streams
 from taciturn.core.state_store import ClientStateStore, MemoryStateStore
-from taciturn.engine import choice
+from taciturn.engine import choice, lowrank
 from taciturn.engine.executor import Executor, SequentialExecutor
 from taciturn.engine.federation import Federation
 from taciturn.engine.parallel import ParallelExecutor
@@ -28,14 +28,16 @@ DISK_STORE_CLIENTS = 1000  # with more stateful clients than this, "auto" keeps 
 def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: ClientData) -> choice.Choice:
     engine = config.engine
     weighted = getattr(task, "weighted_batches", False)
-    if engine.executor == "vectorized" and not weighted:
-        raise ConfigError("[engine.executor] 'vectorized' needs a task whose loss takes sample weights")
+    if engine.executor.endswith("vectorized") and not weighted:
+        raise ConfigError(
+            f"[engine.executor] '{engine.executor}' needs a task whose loss takes sample weights"
+        )
     if engine.executor == "auto" and config.analysis.enabled:
         return choice.Choice("sequential", 0, "[analysis] reads every client's trained model")
     if engine.executor != "auto":
         workers = engine.workers or choice.available_cores()
         return choice.Choice(
-            engine.executor, workers if engine.executor == "parallel" else 0, "set in the config"
+            engine.executor, workers if engine.executor.startswith("parallel") else 0, "set in the config"
         )
     if not weighted:  # e.g. a language model: one client at a time keeps every thread on its large products
         return choice.Choice(
@@ -49,9 +51,12 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
         int(np.argmax([data.client_size(c) for c in range(min(data.num_clients, 50))]))
     )
     batch = data.batch(first[: local.batch_size])
-    picked = choice.choose(task, batch, clients, steps, vectorized=weighted)
-    if engine.workers and picked.executor == "parallel":
-        picked = choice.Choice("parallel", engine.workers, picked.reason)
+    low_rank = lowrank.applies(algorithm, task) and lowrank.pays(
+        task, task.init_params(torch.Generator().manual_seed(0)), min(steps * local.batch_size, mean_size)
+    )
+    picked = choice.choose(task, batch, clients, steps, vectorized=weighted, low_rank=low_rank)
+    if engine.workers and picked.executor.startswith("parallel"):
+        picked = choice.Choice(picked.executor, engine.workers, picked.reason)
     return picked
 
 
@@ -62,7 +67,9 @@ def build_store(
     if wanted == "auto":
         stateful = algorithm.keeps_client_state
         wanted = (
-            "disk" if stateful and (executor == "parallel" or num_clients >= DISK_STORE_CLIENTS) else "memory"
+            "disk"
+            if stateful and (executor.startswith("parallel") or num_clients >= DISK_STORE_CLIENTS)
+            else "memory"
         )
     if wanted == "disk":
         return DiskStateStore(Path(out) / "client_state.bin", num_clients)
@@ -86,9 +93,11 @@ def build_federation(
         algorithm, channel, store, streams, data, task.loss, keep_arrivals=config.analysis.divergence
     )
     executor: Executor
-    if picked.executor == "parallel":
+    if picked.executor.startswith("parallel"):
         try:
-            executor = ParallelExecutor(pipeline, picked.workers)
+            executor = ParallelExecutor(
+                pipeline, picked.workers, vectorized=picked.executor.endswith("vectorized")
+            )
         except ValueError as error:
             raise ConfigError(f"[engine] {error}") from None
     elif picked.executor == "vectorized":
