@@ -69,22 +69,24 @@ def test_vectorized_agrees_with_sequential(tmp_path, algorithm):
 
 
 @pytest.mark.parametrize("hidden", [[16], [16, 8]])
-def test_low_rank_path_agrees_with_sequential_on_mlps(tmp_path, hidden):
-    from taciturn.engine import lowrank
+@pytest.mark.parametrize("path", ["train_group", "train_each"])
+def test_written_out_mlp_algebra_agrees_with_sequential(tmp_path, monkeypatch, hidden, path):
+    """Low-rank across clients (where it pays) and fused per-client steps (where it does not)."""
+    from taciturn.engine import lowrank, mlp_steps
 
     mlp = {"kind": "mlp", "hidden": hidden}
     algorithm = {"name": "fedavg", "fraction": 1.0, "local": {"lr": 0.2}}
-    reference, _, _ = run(tmp_path, SequentialExecutor, algorithm, model=mlp)
-    calls = []
-    original = lowrank.train_group
-    lowrank.train_group = lambda *a: calls.append(1) or original(*a)
-    try:
-        vectorized, _, _ = run(tmp_path, VectorizedExecutor, algorithm, model=mlp)
-    finally:
-        lowrank.train_group = original
-    assert calls  # the low-rank path was taken
+    reference, ref_reports, _ = run(tmp_path, SequentialExecutor, algorithm, model=mlp)
+    module = lowrank if path == "train_group" else mlp_steps
+    calls, original = [], getattr(module, path)
+    monkeypatch.setattr(module, path, lambda *a: calls.append(1) or original(*a))
+    monkeypatch.setattr(lowrank, "pays", lambda *a: path == "train_group")
+    vectorized, reports, _ = run(tmp_path, VectorizedExecutor, algorithm, model=mlp)
+    assert calls  # the path under test was taken
     for name in reference:
         torch.testing.assert_close(vectorized[name], reference[name], **TOLERANCE)
+    for a, b in zip(ref_reports, reports, strict=True):
+        assert a.train_loss == pytest.approx(b.train_loss, rel=1e-5)
 
 
 def test_clients_with_fewer_steps_are_masked_not_padded(tmp_path):
@@ -187,13 +189,19 @@ def test_executor_choice_follows_the_measurements(monkeypatch, timing, cores, cl
     assert picked.reason  # always says why
 
 
-@pytest.mark.parametrize(("cores", "expected"), [(2, "parallel_vectorized"), (1, "vectorized")])
-def test_low_rank_workloads_train_clients_at_once(monkeypatch, cores, expected):
+@pytest.mark.parametrize(
+    ("one_thread", "cores", "expected"),
+    [(1.2, 2, "parallel_vectorized"), (1.9, 2, "vectorized"), (1.2, 1, "vectorized")],
+)
+@pytest.mark.parametrize("algebra", ["low-rank", "fused"])
+def test_plain_mlp_sgd_runs_as_written_out_algebra(monkeypatch, one_thread, cores, expected, algebra):
     from taciturn.engine import choice
 
+    monkeypatch.setattr(choice, "_probe", lambda *a: {"all_threads": 1e-3, "one_thread": one_thread * 1e-3})
     monkeypatch.setattr(choice, "available_cores", lambda: cores)
-    picked = choice.choose(None, (torch.zeros(1),), 50, steps=6, vectorized=True, low_rank=True)
-    assert (picked.executor, picked.workers) == (expected, 2 if cores == 2 else 0)
+    picked = choice.choose(None, (torch.zeros(1),), 50, steps=6, vectorized=True, mlp_algebra=algebra)
+    assert (picked.executor, picked.workers) == (expected, 2 if expected.startswith("parallel") else 0)
+    assert algebra.split("-")[0] in picked.reason
 
 
 def test_low_rank_pays_while_corrections_cost_less_than_dense_products(tmp_path):
@@ -223,6 +231,7 @@ def test_auto_engine_picks_the_low_rank_workers_for_a_small_client_mlp(tmp_path,
     from taciturn.experiments.runner import start
 
     monkeypatch.setattr(choice, "available_cores", lambda: 2)
+    monkeypatch.setattr(choice, "_probe", lambda *a: {"all_threads": 1e-2, "one_thread": 1.2e-2})
     config = tiny_config(  # 8 samples a round against layers 10-256-3: the corrections cost less
         engine={"executor": "auto"},
         model={"kind": "mlp", "hidden": [256]},
@@ -230,5 +239,6 @@ def test_auto_engine_picks_the_low_rank_workers_for_a_small_client_mlp(tmp_path,
         rounds=2,
     )
     rundir = start(config, tmp_path / "run", progress=False)
-    assert "executor: parallel_vectorized with 2 workers" in rundir.log.read_text()
+    log = rundir.log.read_text()
+    assert "executor: parallel_vectorized with 2 workers" in log and "low-rank algebra" in log
     assert rundir.read_metrics()[-1]["round"] == 2

@@ -12,11 +12,12 @@ with C clients a round taking K local steps each.
 
 With a GPU the vectorized executor (vmap over stacked per-client weights) is chosen. On CPU vmap
 loses to the loop (with distinct weights per client each step is a small product that reads the
-whole layer), except where the exact low-rank algebra of engine/lowrank.py applies (plain local SGD
-on a ReLU MLP, FedAvg's objective) and pays (clients with fewer samples a round than makes the
-corrections cost more than the dense products, ``lowrank.pays``): then every worker process trains
-its share of the clients at once (``parallel_vectorized``; measured 1.6-2x the parallel loop on
-W3, docs/benchmarks.md). One core or one client per round: sequential.
+whole layer). But where local training is plain SGD on a ReLU MLP with FedAvg's objective, the
+vectorized trainer runs written-out algebra instead of autograd: the exact low-rank algebra across
+clients where its corrections pay (few samples per client, ``lowrank.pays``), else fused steps
+one client at a time (engine/mlp_steps.py). Both beat the autograd loop, so there sequential
+becomes ``vectorized`` and parallel becomes ``parallel_vectorized`` (every worker trains its share
+that way). One core or one client per round: no workers.
 """
 
 from __future__ import annotations
@@ -53,21 +54,31 @@ def choose(
     clients_per_round: int,
     steps: float,
     vectorized: bool,
-    low_rank: bool = False,
+    mlp_algebra: str | None = None,
 ) -> Choice:
-    """``vectorized``: whether the vectorized executor can train this task's clients; ``low_rank``:
-    whether it would use the exact low-rank algebra and that pays (``lowrank.applies`` and ``pays``)."""
+    """``vectorized``: whether the vectorized executor can train this task's clients;
+    ``mlp_algebra``: "low-rank" or "fused" where local training is plain SGD on a ReLU MLP, whose
+    written-out algebra the vectorized trainer runs (engine/lowrank.py, engine/mlp_steps.py)."""
     cores = available_cores()
     if torch.cuda.is_available() and vectorized:
         return Choice("vectorized", 0, "a GPU is present: all clients' local steps in one vmapped call")
-    if vectorized and low_rank:
-        reason = (
-            "plain local SGD on a ReLU MLP with few samples per client: the exact low-rank algebra "
-            "trains many clients in one set of large products"
-        )
-        if cores >= 2 and clients_per_round >= 2:
-            return Choice("parallel_vectorized", min(cores, clients_per_round), f"{reason}, in each worker")
-        return Choice("vectorized", 0, reason)
+    placed = _place(task, batch, clients_per_round, steps, cores)
+    if not (vectorized and mlp_algebra):
+        return placed
+    how = {
+        "low-rank": "the exact low-rank algebra trains a process's clients at once (few samples each)",
+        "fused": "fused forward and backward steps without autograd, one client at a time",
+    }[mlp_algebra]
+    reason = f"{placed.reason}; plain local SGD on a ReLU MLP: {how}"
+    return Choice(
+        "parallel_vectorized" if placed.executor == "parallel" else "vectorized", placed.workers, reason
+    )
+
+
+def _place(
+    task: Task, batch: tuple[torch.Tensor, ...], clients_per_round: int, steps: float, cores: int
+) -> Choice:
+    """Sequential or parallel, from the estimated round times."""
     if cores < 2:
         return Choice("sequential", 0, "one CPU core: nothing to run in parallel")
     if clients_per_round < 2:

@@ -57,17 +57,36 @@ def pays(task: object, params: dict[str, torch.Tensor], samples_per_client: floa
     return corrections < dense
 
 
-def eligible(algorithm: Algorithm, items: Sequence[tuple[ClientContext, LocalTraining]]) -> bool:
+def local_samples(config: LocalConfig, client_size: float) -> float:
+    """Samples a client visits in one round of local training."""
+    return config.steps * config.batch_size if config.steps else config.epochs * client_size
+
+
+def plain_sgd(algorithm: Algorithm, items: Sequence[tuple[ClientContext, LocalTraining]]) -> bool:
+    """Whether every item is the plain local SGD on a ReLU MLP that the written-out algebra covers."""
     if not items:
         return False
     ctx, first = items[0]
-    if not applies(algorithm, getattr(ctx.loss, "__self__", None)) or first.consts or first.track_gradient:
+    return (
+        applies(algorithm, getattr(ctx.loss, "__self__", None))
+        and not first.consts
+        and not first.track_gradient
+    )
+
+
+def eligible(algorithm: Algorithm, items: Sequence[tuple[ClientContext, LocalTraining]]) -> bool:
+    """Plain SGD, every client starting from the same weights, and corrections that pay."""
+    if not plain_sgd(algorithm, items):
         return False
-    return all(
+    ctx, first = items[0]
+    if not all(
         w.params.keys() == first.params.keys()
         and all(_same(w.params[n], first.params[n]) for n in first.params)
         for _, w in items[1:]
-    )
+    ):
+        return False
+    samples = sum(local_samples(algorithm.config.local, c.num_samples) for c, _ in items) / len(items)
+    return pays(ctx.loss.__self__, first.params, samples)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

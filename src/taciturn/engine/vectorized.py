@@ -12,8 +12,9 @@ order (tests/test_executors.py states the tolerance).
 
 On a GPU this is where most of the speed comes from; on a small CPU, distinct weights per client
 make each step a small matrix product, so measure before choosing it (benchmarks/speed.py). For
-plain FedAvg on a ReLU MLP the executor uses exact shared-weight algebra instead of vmap
-(engine/lowrank.py), which reads no per-client weights during the local steps.
+plain local SGD on a ReLU MLP (FedAvg) the executor uses written-out algebra instead of vmap: the
+exact shared-weight algebra of engine/lowrank.py, which reads no per-client weights during the
+local steps, where it pays, else engine/mlp_steps.py's fused steps one client at a time.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from torch.func import grad_and_value, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from taciturn.algorithms.base import Algorithm, ClientContext, LocalConfig, LocalTraining, TrainResult
-from taciturn.engine import lowrank
+from taciturn.engine import lowrank, mlp_steps
 from taciturn.engine.executor import Executor
 from taciturn.engine.pipeline import RoundPart
 
@@ -40,7 +41,7 @@ class VmapTrainer:
         results: list[TrainResult | Exception | None] = [None] * len(items)
         for positions in _groups(items).values():
             group = [items[i] for i in positions]
-            method = lowrank.train_group if lowrank.eligible(algorithm, group) else train_group
+            method = _method(algorithm, group)
             try:
                 trained = method(algorithm, group, algorithm.config.local)
             except Exception as error:  # the whole group fails together
@@ -55,6 +56,16 @@ class VectorizedExecutor(Executor):
 
     def serve(self, round, clients, downlink, spec) -> RoundPart:
         return self.pipeline.serve(round, clients, downlink, spec, VmapTrainer())
+
+
+def _method(algorithm: Algorithm, group: Sequence[tuple[ClientContext, LocalTraining]]):
+    """Plain SGD on a ReLU MLP runs as written-out algebra: across clients where the low-rank
+    corrections pay, else one client at a time without autograd; anything else through vmap."""
+    if lowrank.eligible(algorithm, group):
+        return lowrank.train_group
+    if lowrank.plain_sgd(algorithm, group):
+        return mlp_steps.train_each
+    return train_group
 
 
 def _signature(work: LocalTraining) -> tuple:

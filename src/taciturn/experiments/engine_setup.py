@@ -51,10 +51,12 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
         int(np.argmax([data.client_size(c) for c in range(min(data.num_clients, 50))]))
     )
     batch = data.batch(first[: local.batch_size])
-    low_rank = lowrank.applies(algorithm, task) and lowrank.pays(
-        task, task.init_params(torch.Generator().manual_seed(0)), min(steps * local.batch_size, mean_size)
-    )
-    picked = choice.choose(task, batch, clients, steps, vectorized=weighted, low_rank=low_rank)
+    mlp_algebra = None
+    if lowrank.applies(algorithm, task):
+        params = task.init_params(torch.Generator().manual_seed(0))
+        pays = lowrank.pays(task, params, lowrank.local_samples(local, mean_size))
+        mlp_algebra = "low-rank" if pays else "fused"
+    picked = choice.choose(task, batch, clients, steps, vectorized=weighted, mlp_algebra=mlp_algebra)
     if engine.workers and picked.executor.startswith("parallel"):
         picked = choice.Choice(picked.executor, engine.workers, picked.reason)
     return picked
