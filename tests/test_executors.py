@@ -69,13 +69,21 @@ def test_vectorized_agrees_with_sequential(tmp_path, algorithm):
 
 
 @pytest.mark.parametrize("hidden", [[16], [16, 8]])
-@pytest.mark.parametrize("path", ["train_group", "train_each"])
-def test_written_out_mlp_algebra_agrees_with_sequential(tmp_path, monkeypatch, hidden, path):
-    """Low-rank across clients (where it pays) and fused per-client steps (where it does not)."""
+@pytest.mark.parametrize(
+    ("path", "local"),
+    [
+        ("train_group", {}),
+        ("train_each", {}),
+        ("train_each", {"momentum": 0.9, "weight_decay": 1e-3}),
+    ],
+    ids=["low-rank", "fused", "fused-momentum-decay"],
+)
+def test_written_out_mlp_algebra_agrees_with_sequential(tmp_path, monkeypatch, hidden, path, local):
+    """Low-rank across clients (plain SGD, where it pays) and fused per-client steps (otherwise)."""
     from taciturn.engine import lowrank, mlp_steps
 
     mlp = {"kind": "mlp", "hidden": hidden}
-    algorithm = {"name": "fedavg", "fraction": 1.0, "local": {"lr": 0.2}}
+    algorithm = {"name": "fedavg", "fraction": 1.0, "local": {"lr": 0.2, **local}}
     reference, ref_reports, _ = run(tmp_path, SequentialExecutor, algorithm, model=mlp)
     module = lowrank if path == "train_group" else mlp_steps
     calls, original = [], getattr(module, path)

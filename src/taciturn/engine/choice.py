@@ -12,12 +12,13 @@ with C clients a round taking K local steps each.
 
 With a GPU the vectorized executor (vmap over stacked per-client weights) is chosen. On CPU vmap
 loses to the loop (with distinct weights per client each step is a small product that reads the
-whole layer). But where local training is plain SGD on a ReLU MLP with FedAvg's objective, the
-vectorized trainer runs written-out algebra instead of autograd: the exact low-rank algebra across
-clients where its corrections pay (few samples per client, ``lowrank.pays``), else fused steps
-one client at a time (engine/mlp_steps.py). Both beat the autograd loop, so there sequential
-becomes ``vectorized`` and parallel becomes ``parallel_vectorized`` (every worker trains its share
-that way). One core or one client per round: no workers.
+whole layer). But where local training is SGD (without clipping) on a ReLU MLP with FedAvg's
+objective, the vectorized trainer runs written-out algebra instead of autograd: for plain SGD the
+exact low-rank algebra across clients where its corrections pay (few samples per client,
+``lowrank.pays``), else fused steps one client at a time (engine/mlp_steps.py). Both beat the
+autograd loop, so there sequential becomes ``vectorized`` and parallel becomes
+``parallel_vectorized`` (every worker trains its share that way). One core or one client per
+round: no workers.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def choose(
     mlp_algebra: str | None = None,
 ) -> Choice:
     """``vectorized``: whether the vectorized executor can train this task's clients;
-    ``mlp_algebra``: "low-rank" or "fused" where local training is plain SGD on a ReLU MLP, whose
+    ``mlp_algebra``: "low-rank" or "fused" where local training is SGD on a ReLU MLP, whose
     written-out algebra the vectorized trainer runs (engine/lowrank.py, engine/mlp_steps.py)."""
     cores = available_cores()
     if torch.cuda.is_available() and vectorized:
@@ -69,7 +70,7 @@ def choose(
         "low-rank": "the exact low-rank algebra trains a process's clients at once (few samples each)",
         "fused": "fused forward and backward steps without autograd, one client at a time",
     }[mlp_algebra]
-    reason = f"{placed.reason}; plain local SGD on a ReLU MLP: {how}"
+    reason = f"{placed.reason}; local SGD on a ReLU MLP: {how}"
     return Choice(
         "parallel_vectorized" if placed.executor == "parallel" else "vectorized", placed.workers, reason
     )

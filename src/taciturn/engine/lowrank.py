@@ -30,18 +30,13 @@ import torch
 import torch.nn.functional as F
 
 from taciturn.algorithms.base import Algorithm, ClientContext, LocalConfig, LocalTraining, TrainResult
+from taciturn.engine import mlp_steps
 
 
 def applies(algorithm: Algorithm, task: object) -> bool:
     """Whether this algorithm's local training on this task is the plain SGD the algebra covers."""
     config = algorithm.config.local
-    return (
-        getattr(task, "mlp", None) is not None
-        and type(algorithm).objective is Algorithm.objective
-        and not config.momentum
-        and not config.weight_decay
-        and config.clip_norm is None
-    )
+    return mlp_steps.applies(algorithm, task) and not config.momentum and not config.weight_decay
 
 
 def pays(task: object, params: dict[str, torch.Tensor], samples_per_client: float) -> bool:
@@ -62,21 +57,9 @@ def local_samples(config: LocalConfig, client_size: float) -> float:
     return config.steps * config.batch_size if config.steps else config.epochs * client_size
 
 
-def plain_sgd(algorithm: Algorithm, items: Sequence[tuple[ClientContext, LocalTraining]]) -> bool:
-    """Whether every item is the plain local SGD on a ReLU MLP that the written-out algebra covers."""
-    if not items:
-        return False
-    ctx, first = items[0]
-    return (
-        applies(algorithm, getattr(ctx.loss, "__self__", None))
-        and not first.consts
-        and not first.track_gradient
-    )
-
-
 def eligible(algorithm: Algorithm, items: Sequence[tuple[ClientContext, LocalTraining]]) -> bool:
     """Plain SGD, every client starting from the same weights, and corrections that pay."""
-    if not plain_sgd(algorithm, items):
+    if not mlp_steps.covers(algorithm, items) or not applies(algorithm, items[0][0].loss.__self__):
         return False
     ctx, first = items[0]
     if not all(

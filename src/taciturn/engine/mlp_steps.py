@@ -1,15 +1,16 @@
 """Local SGD on a ReLU MLP with the backward pass written out: the same steps, without autograd.
 
-For plain SGD on cross-entropy (the case engine/lowrank.py covers), one step of a client is
+For cross-entropy and the task loss as the objective (FedAvg), one step of a client is
     forward    Z_k = A_k W_k^T + b_k,  A_{k+1} = relu(Z_k)
     output     G = (softmax(Z_last) - onehot(y)) / n          (the mean cross-entropy's gradient)
     backward   dW_k = G^T A_k,  db_k = sum of G's rows,  G <- (G W_k) * [Z_{k-1} > 0]
-    update     W_k <- W_k - lr dW_k,  b_k <- b_k - lr db_k
-which is what autograd computes for train_locally (engine/local_training.py), in fewer operations
-and with the updates fused into the products (addmm_). At batch 32 on a 784-200-200-10 MLP a step
-takes 0.38 ms against autograd's 0.54 on one thread (docs/benchmarks.md). Results match the
-reference loop up to floating-point rounding (tests/test_executors.py). This serves clients whose
-local samples are too many for the low-rank algebra to pay (``lowrank.pays``).
+    update     the SGD of engine/local_training.sgd_step: weight decay and momentum included
+which is what autograd computes for train_locally, in fewer operations, with plain SGD's updates
+fused into the products (addmm_). At batch 32 on a 784-200-200-10 MLP a step takes 0.38 ms against
+autograd's 0.54 on one thread (docs/benchmarks.md). Results match the reference loop up to
+floating-point rounding (tests/test_executors.py). Gradient clipping needs every gradient before
+any update, so it stays with autograd. This serves clients the low-rank algebra does not
+(engine/lowrank.py: plain SGD where its corrections pay).
 """
 
 from __future__ import annotations
@@ -21,6 +22,24 @@ import torch
 from taciturn.algorithms.base import Algorithm, ClientContext, LocalConfig, LocalTraining, TrainResult
 
 
+def applies(algorithm: Algorithm, task: object) -> bool:
+    """Whether local training on this task is SGD on the task's cross-entropy of a ReLU MLP."""
+    return (
+        getattr(task, "mlp", None) is not None
+        and type(algorithm).objective is Algorithm.objective
+        and algorithm.config.local.clip_norm is None
+    )
+
+
+def covers(algorithm: Algorithm, items: Sequence[tuple[ClientContext, LocalTraining]]) -> bool:
+    """Whether these clients' work is that training, with no constants and no gradient tracking."""
+    if not items:
+        return False
+    ctx, first = items[0]
+    task = getattr(ctx.loss, "__self__", None)
+    return applies(algorithm, task) and not first.consts and not first.track_gradient
+
+
 @torch.no_grad()
 def train_each(
     algorithm: Algorithm, items: Sequence[tuple[ClientContext, LocalTraining]], config: LocalConfig
@@ -30,18 +49,21 @@ def train_each(
 
 def _train(ctx: ClientContext, work: LocalTraining, config: LocalConfig) -> TrainResult:
     layers = ctx.loss.__self__.mlp  # type: ignore[attr-defined]  # (weight, bias) names, input to output
-    start, lr, depth = work.params, config.lr, len(layers)
-    weights = [start[w].clone() for w, _ in layers]
-    biases = [None if b is None else start[b].clone() for _, b in layers]
+    start, lr, decay, depth = work.params, config.lr, config.weight_decay, len(layers)
+    names = [n for pair in layers for n in pair if n is not None]
+    params = {n: start[n].clone() for n in names}
+    buffers = None
+    if config.momentum > 0:
+        held = work.momentum or {}
+        buffers = {n: held[n].clone() if n in held else torch.zeros_like(params[n]) for n in names}
+    weights = [params[w] for w, _ in layers]
+    biases = [None if b is None else params[b] for _, b in layers]
     total_loss, steps = 0.0, 0
     for x, y in ctx.batches(config):
         inputs, outputs = [x.reshape(len(x), -1)], []
         for k in range(depth):
-            z = (
-                inputs[k] @ weights[k].T
-                if biases[k] is None
-                else torch.addmm(biases[k], inputs[k], weights[k].T)
-            )
+            w, b = weights[k], biases[k]
+            z = inputs[k] @ w.T if b is None else torch.addmm(b, inputs[k], w.T)
             outputs.append(z)
             if k < depth - 1:
                 inputs.append(torch.relu(z))
@@ -53,20 +75,30 @@ def _train(ctx: ClientContext, work: LocalTraining, config: LocalConfig) -> Trai
         g /= len(y)
         for k in reversed(range(depth)):
             back = g @ weights[k] if k > 0 else None  # with this step's weights, before they move
-            weights[k].addmm_(g.T, inputs[k], alpha=-lr)
-            if biases[k] is not None:
-                biases[k].add_(g.sum(dim=0), alpha=-lr)
+            w_name, b_name = layers[k]
+            if buffers is None and not decay:  # plain SGD: the update fused into the product
+                weights[k].addmm_(g.T, inputs[k], alpha=-lr)
+                if b_name is not None:
+                    biases[k].add_(g.sum(dim=0), alpha=-lr)
+            else:
+                _step(params[w_name], g.T @ inputs[k], buffers, w_name, config)
+                if b_name is not None:
+                    _step(params[b_name], g.sum(dim=0), buffers, b_name, config)
             if back is not None:
                 g = back.mul_(outputs[k - 1] > 0)
         steps += 1
-    trained = {}
-    for (w_name, b_name), weight, bias in zip(layers, weights, biases, strict=True):
-        trained[w_name] = weight
-        if b_name is not None:
-            trained[b_name] = bias
     return TrainResult(
-        params={n: trained[n] for n in start},
-        momentum=None,
+        params={n: params[n] for n in start},
+        momentum=None if buffers is None else {n: buffers[n] for n in start},
         steps=steps,
         mean_loss=total_loss / max(steps, 1),
     )
+
+
+def _step(param: torch.Tensor, grad: torch.Tensor, buffers, name: str, config: LocalConfig) -> None:
+    """engine/local_training.sgd_step for one tensor: g + decay w, then momentum, then the step."""
+    if config.weight_decay:
+        grad.add_(param, alpha=config.weight_decay)
+    if buffers is not None:
+        grad = buffers[name].mul_(config.momentum).add_(grad)
+    param.add_(grad, alpha=-config.lr)

@@ -59,11 +59,12 @@ class VectorizedExecutor(Executor):
 
 
 def _method(algorithm: Algorithm, group: Sequence[tuple[ClientContext, LocalTraining]]):
-    """Plain SGD on a ReLU MLP runs as written-out algebra: across clients where the low-rank
-    corrections pay, else one client at a time without autograd; anything else through vmap."""
+    """Local SGD on a ReLU MLP runs as written-out algebra: across clients where it is plain SGD
+    and the low-rank corrections pay, else one client at a time without autograd; anything else
+    (another objective, clipping, algorithm constants) through vmap."""
     if lowrank.eligible(algorithm, group):
         return lowrank.train_group
-    if lowrank.plain_sgd(algorithm, group):
+    if mlp_steps.covers(algorithm, group):
         return mlp_steps.train_each
     return train_group
 

@@ -13,7 +13,7 @@ from taciturn.core.channel import Channel
 from taciturn.core.disk_store import DiskStateStore
 from taciturn.core.rng import Streams
 from taciturn.core.state_store import ClientStateStore, MemoryStateStore
-from taciturn.engine import choice, lowrank
+from taciturn.engine import choice, lowrank, mlp_steps
 from taciturn.engine.executor import Executor, SequentialExecutor
 from taciturn.engine.federation import Federation
 from taciturn.engine.parallel import ParallelExecutor
@@ -56,6 +56,8 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
         params = task.init_params(torch.Generator().manual_seed(0))
         pays = lowrank.pays(task, params, lowrank.local_samples(local, mean_size))
         mlp_algebra = "low-rank" if pays else "fused"
+    elif mlp_steps.applies(algorithm, task):
+        mlp_algebra = "fused"
     picked = choice.choose(task, batch, clients, steps, vectorized=weighted, mlp_algebra=mlp_algebra)
     if engine.workers and picked.executor.startswith("parallel"):
         picked = choice.Choice(picked.executor, engine.workers, picked.reason)
