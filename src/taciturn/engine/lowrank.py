@@ -35,18 +35,22 @@ from taciturn.engine import mlp_steps
 
 def applies(algorithm: Algorithm, task: object) -> bool:
     """Whether this algorithm's local training on this task is the plain SGD the algebra covers."""
-    config = algorithm.config.local
-    return mlp_steps.applies(algorithm, task) and not config.momentum and not config.weight_decay
+    return mlp_steps.applies(algorithm, task) and _plain(algorithm.config.local)
 
 
-def pays(task: object, params: dict[str, torch.Tensor], samples_per_client: float) -> bool:
+def _plain(config: LocalConfig) -> bool:
+    return not config.momentum and not config.weight_decay
+
+
+def pays(task: object, samples_per_client: float) -> bool:
     """Whether the per-client corrections cost fewer flops than the dense products they replace.
 
     At a step after s earlier samples, a layer with n inputs and m outputs costs a client about
     s (n + m) multiply-adds per row in corrections against n m in the dense product; s grows
     from 0 to the client's samples in a round, so on average it is half of them.
     """
-    shapes = [params[w].shape for w, _ in task.mlp]  # type: ignore[attr-defined]
+    named = dict(task.model.named_parameters())  # type: ignore[attr-defined]
+    shapes = [named[w].shape for w, _ in task.mlp]  # type: ignore[attr-defined]
     dense = sum(m * n for m, n in shapes)
     corrections = samples_per_client / 2 * sum(m + n for m, n in shapes)
     return corrections < dense
@@ -59,7 +63,7 @@ def local_samples(config: LocalConfig, client_size: float) -> float:
 
 def eligible(algorithm: Algorithm, items: Sequence[tuple[ClientContext, LocalTraining]]) -> bool:
     """Plain SGD, every client starting from the same weights, and corrections that pay."""
-    if not mlp_steps.covers(algorithm, items) or not applies(algorithm, items[0][0].loss.__self__):
+    if not (mlp_steps.covers(algorithm, items) and _plain(algorithm.config.local)):
         return False
     ctx, first = items[0]
     if not all(
@@ -69,7 +73,7 @@ def eligible(algorithm: Algorithm, items: Sequence[tuple[ClientContext, LocalTra
     ):
         return False
     samples = sum(local_samples(algorithm.config.local, c.num_samples) for c, _ in items) / len(items)
-    return pays(ctx.loss.__self__, first.params, samples)
+    return pays(ctx.loss.__self__, samples)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

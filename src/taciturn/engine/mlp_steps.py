@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from taciturn.algorithms.base import Algorithm, ClientContext, LocalConfig, LocalTraining, TrainResult
+from taciturn.engine.local_training import sgd_step
 
 
 def applies(algorithm: Algorithm, task: object) -> bool:
@@ -49,7 +50,7 @@ def train_each(
 
 def _train(ctx: ClientContext, work: LocalTraining, config: LocalConfig) -> TrainResult:
     layers = ctx.loss.__self__.mlp  # type: ignore[attr-defined]  # (weight, bias) names, input to output
-    start, lr, decay, depth = work.params, config.lr, config.weight_decay, len(layers)
+    start, lr, depth = work.params, config.lr, len(layers)
     names = [n for pair in layers for n in pair if n is not None]
     params = {n: start[n].clone() for n in names}
     buffers = None
@@ -75,15 +76,15 @@ def _train(ctx: ClientContext, work: LocalTraining, config: LocalConfig) -> Trai
         g /= len(y)
         for k in reversed(range(depth)):
             back = g @ weights[k] if k > 0 else None  # with this step's weights, before they move
-            w_name, b_name = layers[k]
-            if buffers is None and not decay:  # plain SGD: the update fused into the product
+            if buffers is None and not config.weight_decay:  # plain SGD: the update fused into the product
                 weights[k].addmm_(g.T, inputs[k], alpha=-lr)
-                if b_name is not None:
+                if biases[k] is not None:
                     biases[k].add_(g.sum(dim=0), alpha=-lr)
-            else:
-                _step(params[w_name], g.T @ inputs[k], buffers, w_name, config)
-                if b_name is not None:
-                    _step(params[b_name], g.sum(dim=0), buffers, b_name, config)
+            else:  # weight decay and momentum exactly as the reference loop applies them
+                layer = [n for n in layers[k] if n is not None]
+                grads = [g.T @ inputs[k]] + ([g.sum(dim=0)] if biases[k] is not None else [])
+                held = None if buffers is None else [buffers[n] for n in layer]
+                sgd_step([params[n] for n in layer], grads, held, config)
             if back is not None:
                 g = back.mul_(outputs[k - 1] > 0)
         steps += 1
@@ -93,12 +94,3 @@ def _train(ctx: ClientContext, work: LocalTraining, config: LocalConfig) -> Trai
         steps=steps,
         mean_loss=total_loss / max(steps, 1),
     )
-
-
-def _step(param: torch.Tensor, grad: torch.Tensor, buffers, name: str, config: LocalConfig) -> None:
-    """engine/local_training.sgd_step for one tensor: g + decay w, then momentum, then the step."""
-    if config.weight_decay:
-        grad.add_(param, alpha=config.weight_decay)
-    if buffers is not None:
-        grad = buffers[name].mul_(config.momentum).add_(grad)
-    param.add_(grad, alpha=-config.lr)

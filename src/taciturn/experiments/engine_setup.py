@@ -53,8 +53,7 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
     batch = data.batch(first[: local.batch_size])
     mlp_algebra = None
     if lowrank.applies(algorithm, task):
-        params = task.init_params(torch.Generator().manual_seed(0))
-        pays = lowrank.pays(task, params, lowrank.local_samples(local, mean_size))
+        pays = lowrank.pays(task, lowrank.local_samples(local, mean_size))
         mlp_algebra = "low-rank" if pays else "fused"
     elif mlp_steps.applies(algorithm, task):
         mlp_algebra = "fused"

@@ -90,12 +90,16 @@ TYPES: dict[str, Callable[[], ExperimentType]] = {"federated": _federated, "fedq
 
 
 def _type_of(tree: dict, source: str) -> ExperimentType:
+    return TYPES[_known_type(tree, source)]()
+
+
+def _known_type(tree: dict, source: str) -> str:
     name = tree.get("type", "federated")
     if name not in TYPES:
         close = difflib.get_close_matches(str(name), TYPES, n=1)
         hint = f"did you mean '{close[0]}'?" if close else f"choose one of {', '.join(TYPES)}"
         raise ConfigError(f"invalid config {source}:\n  [type] unknown experiment type {name!r}: {hint}")
-    return TYPES[name]()
+    return name
 
 
 def load(path: Path | str, overrides: list[str] = ()) -> Any:
@@ -114,14 +118,14 @@ def start(config: Any, out: Path, report: bool = True, **options: Any) -> RunDir
 
 
 def _type_of_run(rundir: RunDir) -> ExperimentType:
-    if not rundir.exists():
-        raise FileNotFoundError(f"{rundir.path} is not a run directory (no config.toml)")
-    return _type_of(tomllib.loads(rundir.config.read_text()), str(rundir.config))
+    return TYPES[_type_name(rundir)]()
 
 
 def _type_name(rundir: RunDir) -> str:
-    _type_of_run(rundir)  # a known type, or a clear error
-    return tomllib.loads(rundir.config.read_text()).get("type", "federated")
+    """The run's experiment type: a known one, or a clear error."""
+    if not rundir.exists():
+        raise FileNotFoundError(f"{rundir.path} is not a run directory (no config.toml)")
+    return _known_type(tomllib.loads(rundir.config.read_text()), str(rundir.config))
 
 
 def resume(path: Path, report: bool = True, **options: Any) -> RunDir:
