@@ -13,13 +13,14 @@ import struct
 import numpy as np
 import safetensors.numpy
 
+from taciturn.core.errors import TaciturnError
 from taciturn.core.message import MAX_META_BYTES, Message
 
 _META_KEY = "taciturn"
 _SUPPORTED_KINDS = "biuf"  # bool, signed int, unsigned int, float
 
 
-class CodecError(ValueError):
+class CodecError(TaciturnError, ValueError):
     """Bytes that are not a valid taciturn message."""
 
 

@@ -9,8 +9,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from taciturn.core.errors import TaciturnError
 
-class DatasetNotFound(FileNotFoundError):
+
+class DataError(TaciturnError, ValueError):
+    """Data that cannot be used: missing, corrupt, or not what the config says."""
+
+
+class DatasetNotFound(DataError, FileNotFoundError):
     """No source could provide a dataset; the message lists what was tried and how to fix it."""
 
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from taciturn.core.errors import TaciturnError
+
 MAX_DIRICHLET_TRIES = 1000
 
 
-class PartitionError(ValueError):
+class PartitionError(TaciturnError, ValueError):
     """The requested partition cannot be built (the message says which option to change)."""
 
 

@@ -17,11 +17,12 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from taciturn.algorithms import REGISTRY
 from taciturn.algorithms.base import StrictModel
+from taciturn.core.errors import TaciturnError
 from taciturn.engine.analysis import AnalysisConfig
 from taciturn.tasks.layers import BIAS_VAR, WEIGHT_VAR
 
 
-class ConfigError(ValueError):
+class ConfigError(TaciturnError, ValueError):
     """A configuration that cannot run; the message names the file, the key and the fix."""
 
 
