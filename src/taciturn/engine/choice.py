@@ -19,6 +19,11 @@ exact low-rank algebra across clients where its corrections pay (few samples per
 autograd loop, so there sequential becomes ``vectorized`` and parallel becomes
 ``parallel_vectorized`` (every worker trains its share that way). One core or one client per
 round: no workers.
+
+The probe cannot see worker start-up, the per-round merge, or two workers sharing the memory
+bandwidth. So a parallel pick is not trusted: ``Choice.tried`` turns it into a trial on the run's
+own first rounds (engine/trial.py), and the in-process executor stays unless the workers measure
+faster.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from taciturn.engine.trial import MIN_ROUNDS
 from taciturn.tasks.base import Task
 
 log = logging.getLogger(__name__)
@@ -40,9 +46,26 @@ PARALLEL_ROUND_OVERHEAD_S = 0.004  # sending a share and receiving a partial, pe
 
 @dataclass(frozen=True)
 class Choice:
+    """``challenger``: a parallel executor that the first rounds try against ``executor``
+    (engine/trial.py); the run keeps whichever measures faster."""
+
     executor: str
     workers: int
     reason: str
+    challenger: str | None = None
+
+    def tried(self, rounds: int) -> Choice:
+        """Where the probe says processes pay, verify it on the run itself: the in-process
+        executor first, the parallel one as the challenger. A run too short for the trial stays
+        in-process, where start-up costs nothing."""
+        if not self.executor.startswith("parallel"):
+            return self
+        in_process = "vectorized" if self.executor.endswith("vectorized") else "sequential"
+        if rounds < MIN_ROUNDS:
+            reason = f"{self.reason}; but {rounds} rounds are too few to try workers against {in_process}"
+            return Choice(in_process, 0, reason)
+        reason = f"{self.reason}; the first rounds try {self.executor} against {in_process}"
+        return Choice(in_process, self.workers, reason, challenger=self.executor)
 
 
 def available_cores() -> int:

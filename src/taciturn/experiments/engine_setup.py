@@ -18,6 +18,7 @@ from taciturn.engine.executor import Executor, SequentialExecutor
 from taciturn.engine.federation import Federation
 from taciturn.engine.parallel import ParallelExecutor
 from taciturn.engine.pipeline import ClientPipeline
+from taciturn.engine.trial import TrialExecutor
 from taciturn.engine.vectorized import VectorizedExecutor
 from taciturn.experiments.config import ConfigError, RunConfig
 from taciturn.tasks.base import ClientData, Task
@@ -60,20 +61,17 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
     picked = choice.choose(task, batch, clients, steps, vectorized=weighted, mlp_algebra=mlp_algebra)
     if engine.workers and picked.executor.startswith("parallel"):
         picked = choice.Choice(picked.executor, engine.workers, picked.reason)
-    return picked
+    return picked.tried(config.rounds)
 
 
 def build_store(
-    config: RunConfig, algorithm: Algorithm, executor: str, out: Path, num_clients: int
+    config: RunConfig, algorithm: Algorithm, picked: choice.Choice, out: Path, num_clients: int
 ) -> ClientStateStore:
     wanted = config.engine.store
     if wanted == "auto":
         stateful = algorithm.keeps_client_state
-        wanted = (
-            "disk"
-            if stateful and (executor.startswith("parallel") or num_clients >= DISK_STORE_CLIENTS)
-            else "memory"
-        )
+        parallel = picked.executor.startswith("parallel") or picked.challenger is not None
+        wanted = "disk" if stateful and (parallel or num_clients >= DISK_STORE_CLIENTS) else "memory"
     if wanted == "disk":
         return DiskStateStore(Path(out) / "client_state.bin", num_clients)
     return MemoryStateStore()
@@ -91,22 +89,36 @@ def build_federation(
     if config.engine.threads:
         torch.set_num_threads(config.engine.threads)
     picked = choose_executor(config, algorithm, task, data)
-    store = build_store(config, algorithm, picked.executor, out, data.num_clients)
+    store = build_store(config, algorithm, picked, out, data.num_clients)
     pipeline = ClientPipeline(
         algorithm, channel, store, streams, data, task.loss, keep_arrivals=config.analysis.divergence
     )
-    executor: Executor
-    if picked.executor.startswith("parallel"):
+    executor = build_executor(picked.executor, picked.workers, pipeline)
+    if picked.challenger is not None:
+        executor = TrialExecutor(
+            executor, build_executor(picked.challenger, picked.workers, pipeline), _work(config, data)
+        )
+    named = f"{picked.executor} or {picked.challenger}" if picked.challenger else picked.executor
+    workers = f" with {picked.workers} workers" if picked.workers else ""
+    note = f"executor: {named}{workers} ({picked.reason}); client state: {type(store).__name__}"
+    return Federation(algorithm, executor, streams, data), store, note
+
+
+def build_executor(name: str, workers: int, pipeline: ClientPipeline) -> Executor:
+    if name.startswith("parallel"):
         try:
-            executor = ParallelExecutor(
-                pipeline, picked.workers, vectorized=picked.executor.endswith("vectorized")
-            )
+            return ParallelExecutor(pipeline, workers, vectorized=name.endswith("vectorized"))
         except ValueError as error:
             raise ConfigError(f"[engine] {error}") from None
-    elif picked.executor == "vectorized":
-        executor = VectorizedExecutor(pipeline)
-    else:
-        executor = SequentialExecutor(pipeline)
-    workers = f" with {picked.workers} workers" if picked.workers else ""
-    note = f"executor: {picked.executor}{workers} ({picked.reason}); client state: {type(store).__name__}"
-    return Federation(algorithm, executor, streams, data), store, note
+    if name == "vectorized":
+        return VectorizedExecutor(pipeline)
+    return SequentialExecutor(pipeline)
+
+
+def _work(config: RunConfig, data: ClientData):
+    """A round's local work, so the trial compares rounds of different sizes: samples visited
+    (epochs of each client's data) or steps taken (a fixed number per client)."""
+    local = config.algorithm.local
+    if local.steps:
+        return lambda clients: float(local.steps * len(clients))
+    return lambda clients: float(local.epochs * sum(data.client_size(c) for c in clients))
