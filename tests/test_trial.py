@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 
 import pytest
-from tests.conftest import tiny_config
 
 from taciturn.engine import choice
 from taciturn.engine.pipeline import RoundPart
 from taciturn.engine.trial import MARGIN, MIN_ROUNDS, TRIAL_ROUNDS, TrialExecutor
+from tests.conftest import tiny_config
 
 
 class Clock:
