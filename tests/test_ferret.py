@@ -244,13 +244,19 @@ def test_a_client_that_skipped_rounds_catches_up_from_coordinates_to_the_servers
 
 
 def test_variable_length_uplinks_validate_against_none_dimensions():
+    from taciturn.algorithms.base import ArraySpec
     from taciturn.engine.validation import uplink_problem
 
-    spec = {"counts": (3,), "coords": (None,)}
+    spec = {
+        "counts": ArraySpec((3,), np.dtype(np.uint16)),
+        "coords": ArraySpec((None,), np.dtype(np.float32)),
+    }
     ok = Message({"counts": np.ones(3, np.uint16), "coords": np.zeros(7, np.float32)})
     assert uplink_problem(ok, spec) is None
     flat = Message({"counts": np.ones(3, np.uint16), "coords": np.zeros((7, 1), np.float32)})
     assert "shape" in uplink_problem(flat, spec)
+    wide = Message({"counts": np.ones(3, np.uint16), "coords": np.zeros(7, np.float64)})
+    assert uplink_problem(wide, spec) == "array 'coords' has dtype float64, expected float32"
     algorithm, _ = make_ferret(tiny_params())
     lying = Message(
         {"counts": np.array([2, 2, 2], np.uint16), "coords": np.zeros(5, np.float32)}, {"num_samples": 1}

@@ -26,7 +26,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import torch
@@ -125,6 +125,21 @@ class ClientOutput:
     info: Mapping[str, float] = field(default_factory=dict)  # simulation telemetry, never on the wire
 
 
+class ArraySpec(NamedTuple):
+    """What one uplink array must be: its shape (None: any length along that axis) and its dtype."""
+
+    shape: tuple[int | None, ...]
+    dtype: np.dtype
+
+
+def specs_of(params: Mapping[str, torch.Tensor]) -> dict[str, ArraySpec]:
+    """Each tensor's shape and (NumPy) dtype: the spec of an uplink that carries these tensors."""
+    return {
+        name: ArraySpec(tuple(p.shape), np.dtype(str(p.dtype).removeprefix("torch.")))
+        for name, p in params.items()
+    }
+
+
 @dataclass(frozen=True)
 class Arrival:
     client: int
@@ -139,11 +154,19 @@ class Algorithm(ABC):
     def __init__(self, config: AlgorithmConfig):
         self.config = config
         self.streams: Streams | None = None
+        self.num_clients = 0  # the population, told by the federation (use_population)
+        self.total_weight = 0  # the server's sum of every client's weight (trusted num_samples)
 
     def use_streams(self, streams: Streams) -> None:
         """The run's seeded streams, given by the federation before the first round: the server
         draws its own randomness (lucky recipients, shared bases, seeds) from the same streams as clients."""
         self.streams = streams
+
+    def use_population(self, num_clients: int, total_weight: int) -> None:
+        """The population as the server knows it: the number of clients and the sum of all their
+        weights under the server's weighting rule (engine/trust.py), given before the first round."""
+        self.num_clients = num_clients
+        self.total_weight = total_weight
 
     # ----- server -----
     @abstractmethod
@@ -161,8 +184,8 @@ class Algorithm(ABC):
         """What the server sends each picked client this round (None: stay silent to it)."""
 
     @abstractmethod
-    def uplink_spec(self, state: Any) -> Mapping[str, tuple[int | None, ...]]:
-        """Names and shapes every uplink must have (None: any length); anything else is rejected."""
+    def uplink_spec(self, state: Any) -> Mapping[str, ArraySpec]:
+        """Names, shapes and dtypes every uplink must have; anything else is rejected."""
 
     def check_uplink_meta(self, message: Message) -> str | None:
         """Algorithm-specific checks of an uplink's metadata; return the reason to reject, or None."""

@@ -43,6 +43,7 @@ from pydantic import Field, model_validator
 from taciturn.algorithms.base import (
     Algorithm,
     AlgorithmConfig,
+    ArraySpec,
     Arrival,
     ClientContext,
     ClientOutput,
@@ -51,6 +52,7 @@ from taciturn.algorithms.base import (
     Loss,
     TrainResult,
     loss_meta,
+    specs_of,
 )
 from taciturn.core.message import Message
 from taciturn.core.params import Params, add, clone, norm, sq_distance, strip_prefix, sub, with_prefix
@@ -117,12 +119,13 @@ class EventADMM(Algorithm):
         z = Message.from_tensors(state.z)
         return dict.fromkeys(recipients, z)
 
-    def uplink_spec(self, state: EventADMMState) -> dict[str, tuple[int, ...]]:
-        return {n: tuple(p.shape) for n, p in state.z.items()}
+    def uplink_spec(self, state: EventADMMState) -> dict[str, ArraySpec]:
+        return specs_of(state.z)
 
     def aggregate(self, state: EventADMMState, round: int, arrivals: Sequence[Arrival]) -> EventADMMState:
-        # The default accumulation keeps the arrivals: each full vector replaces one copy.
-        copies = state.copies
+        # The default accumulation keeps the arrivals: each full vector replaces one copy (in a new
+        # table, so that a discarded aggregate leaves the server's copies as they were).
+        copies = {name: s.clone() for name, s in state.copies.items()} if arrivals else state.copies
         for arrival in arrivals:  # full vectors replace the server's copy of x_hat_i + u_i
             for name, v in arrival.message.tensors().items():
                 copies[name][arrival.client] = v

@@ -20,6 +20,7 @@ from pydantic import Field
 from taciturn.algorithms.base import (
     Algorithm,
     AlgorithmConfig,
+    ArraySpec,
     Arrival,
     ClientContext,
     ClientOutput,
@@ -27,6 +28,7 @@ from taciturn.algorithms.base import (
     TrainResult,
     loss_meta,
     positive_count,
+    specs_of,
 )
 from taciturn.core.message import Message
 from taciturn.core.params import Params, add, clone, weighted_sum
@@ -63,8 +65,8 @@ class FedAvg(Algorithm):
         broadcast = Message.from_tensors(state.params)  # one object: the channel encodes it once
         return dict.fromkeys(clients, broadcast)
 
-    def uplink_spec(self, state: FedAvgState) -> dict[str, tuple[int, ...]]:
-        return {name: tuple(p.shape) for name, p in state.params.items()}
+    def uplink_spec(self, state: FedAvgState) -> dict[str, ArraySpec]:
+        return specs_of(state.params)
 
     def check_uplink_meta(self, message: Message) -> str | None:
         return positive_count(message, "num_samples")

@@ -27,6 +27,7 @@ from pydantic import Field, model_validator
 from taciturn.algorithms.base import (
     Algorithm,
     AlgorithmConfig,
+    ArraySpec,
     Arrival,
     ClientContext,
     ClientOutput,
@@ -114,8 +115,11 @@ class FedKSeed(Algorithm):
             out[client] = by_start[first]
         return out
 
-    def uplink_spec(self, state: FedKSeedState) -> dict[str, tuple[int | None, ...]]:
-        return {"seeds": (None,), "grads": (None,)}
+    def uplink_spec(self, state: FedKSeedState) -> dict[str, ArraySpec]:
+        return {
+            "seeds": ArraySpec((None,), np.dtype(np.int32)),
+            "grads": ArraySpec((None,), np.dtype(np.float32)),
+        }
 
     def check_uplink_meta(self, message: Message) -> str | None:
         seeds, grads = message.arrays["seeds"], message.arrays["grads"]

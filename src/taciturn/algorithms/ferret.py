@@ -39,6 +39,7 @@ from pydantic import Field
 from taciturn.algorithms.base import (
     Algorithm,
     AlgorithmConfig,
+    ArraySpec,
     Arrival,
     ClientContext,
     ClientOutput,
@@ -139,8 +140,11 @@ class Ferret(Algorithm):
             {"first_round": first},
         )
 
-    def uplink_spec(self, state: FerretState) -> dict[str, tuple[int | None, ...]]:
-        return {"counts": (len(self.blocks),), "coords": (None,)}
+    def uplink_spec(self, state: FerretState) -> dict[str, ArraySpec]:
+        return {
+            "counts": ArraySpec((len(self.blocks),), np.dtype(np.uint16)),
+            "coords": ArraySpec((None,), np.dtype(np.float32)),
+        }
 
     def check_uplink_meta(self, message: Message) -> str | None:
         counts = message.arrays["counts"].astype(np.int64)

@@ -8,6 +8,8 @@ and updates its control variate (line 12) by
     option II: c_i+ = c_i - c + (x - y) / (K eta_l).
 It sends (dy, dc) = (y - x, c_i+ - c_i); the server sets x <- x + eta_g mean(dy) and
 c <- c + sum_{i in S} p_i dc_i (line 17 with p_i = 1/N), which keeps c = sum_i p_i c_i exactly.
+The server computes p_i itself (1/N, or n_i / n from the weights it trusts: engine/trust.py); a
+client never tells the server how much it counts.
 
 Option II's formula assumes plain SGD steps: with plain SGD, (x - y)/(K eta_l) is exactly the mean
 corrected gradient, so c_i+ equals the mean of the raw gradients g_i(y_k) taken along the path.
@@ -35,6 +37,7 @@ from pydantic import Field
 from taciturn.algorithms.base import (
     Algorithm,
     AlgorithmConfig,
+    ArraySpec,
     Arrival,
     ClientContext,
     ClientOutput,
@@ -44,6 +47,7 @@ from taciturn.algorithms.base import (
     TrainResult,
     loss_meta,
     positive_count,
+    specs_of,
 )
 from taciturn.core.message import Message
 from taciturn.core.params import (
@@ -98,14 +102,11 @@ class Scaffold(Algorithm):
         both = Message.from_tensors({**with_prefix("x", state.params), **with_prefix("c", state.control)})
         return dict.fromkeys(clients, both)
 
-    def uplink_spec(self, state: ScaffoldState) -> dict[str, tuple[int, ...]]:
-        shapes = {n: tuple(p.shape) for n, p in state.params.items()}
-        return {**with_prefix("dy", shapes), **with_prefix("dc", shapes)}
+    def uplink_spec(self, state: ScaffoldState) -> dict[str, ArraySpec]:
+        specs = specs_of(state.params)
+        return {**with_prefix("dy", specs), **with_prefix("dc", specs)}
 
     def check_uplink_meta(self, message: Message) -> str | None:
-        weight = message.meta.get("weight")
-        if not isinstance(weight, float) or not 0.0 < weight <= 1.0:
-            return f"metadata 'weight' must be a float in (0, 1], got {weight!r}"
         return positive_count(message, "num_samples")
 
     # ----- client -----
@@ -134,19 +135,19 @@ class Scaffold(Algorithm):
         uplink = Message.from_tensors(
             {**with_prefix("dy", sub(result.params, x)), **with_prefix("dc", sub(c_new, c_i))},
             num_samples=ctx.num_samples,
-            weight=self._weight(ctx),
             **loss_meta(result),
         )
         return ClientOutput(uplink, state=with_prefix("c", c_new))
 
-    def _weight(self, ctx: ClientContext) -> float:
+    def _weight(self, arrival: Arrival) -> float:
+        """p_i from the server's own figures (num_samples was replaced by the trusted weight)."""
         if self.config.weighting == "uniform":
-            return 1.0 / ctx.data.num_clients
-        return ctx.num_samples / ctx.data.num_samples
+            return 1.0 / self.num_clients
+        return arrival.message.meta["num_samples"] / self.total_weight
 
     # ----- server -----
     def accumulate(self, arrivals: Sequence[Arrival]) -> ControlSums:
-        weights = [a.message.meta["weight"] for a in arrivals]
+        weights = [self._weight(a) for a in arrivals]
         pairs = list(zip(weights, arrivals, strict=True))
         return ControlSums(
             weighted_sum((w, a.message.tensors("dy/")) for w, a in pairs),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 
-from taciturn.algorithms.base import Algorithm, ClientContext, LocalTraining, TrainResult
+from taciturn.algorithms.base import Algorithm, ArraySpec, ClientContext, LocalTraining, TrainResult
 from taciturn.core.message import Message
 from taciturn.engine.local_training import train_locally
 from taciturn.engine.pipeline import ClientPipeline, RoundPart
@@ -29,7 +29,7 @@ class Executor(ABC):
         round: int,
         clients: Sequence[int],
         downlink: Mapping[int, Message | None],
-        spec: Mapping[str, tuple[int, ...]],
+        spec: Mapping[str, ArraySpec],
     ) -> RoundPart: ...
 
     def close(self) -> None:  # noqa: B027 (in-process executors hold nothing to release)

@@ -2,11 +2,14 @@
 
 Every message crosses the Channel (so the Ledger counts it and drops can hit it), every uplink is
 validated before the algorithm sees it, and client state goes back to the store; the executor
-decides where the clients' work runs (engine/executor.py).
+decides where the clients' work runs (engine/executor.py). A new server state with a non-finite
+value (finite float32 updates can still sum to Inf) is discarded: the round is skipped, the
+model kept, and the reason logged and reported.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,7 +18,10 @@ from typing import Any
 from taciturn.algorithms.base import Algorithm, Arrival
 from taciturn.core.rng import SERVER, Streams
 from taciturn.engine.executor import Executor
+from taciturn.engine.validation import state_problem
 from taciturn.tasks.base import ClientData
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -28,6 +34,7 @@ class RoundReport:
     train_loss: float | None = None  # mean local loss over accepted uplinks that report one
     client_info: dict[int, Mapping[str, float]] = field(default_factory=dict)  # ClientOutput.info
     arrivals: list[Arrival] = field(default_factory=list)  # kept only when the pipeline keeps them (analysis)
+    skipped: str | None = None  # why this round's aggregate was discarded (None: it was applied)
 
 
 class Federation:
@@ -57,4 +64,9 @@ class Federation:
             part.client_info,
             part.arrivals,
         )
-        return algorithm.aggregate(state, round, part.accumulated), report
+        new_state = algorithm.aggregate(state, round, part.accumulated)
+        if (problem := state_problem(new_state)) is not None:
+            log.warning("round %d skipped, the model kept: %s", round, problem)
+            report.skipped = problem
+            return state, report
+        return new_state, report

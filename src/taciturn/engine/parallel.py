@@ -29,9 +29,10 @@ from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
+import numpy as np
 import torch
 
-from taciturn.algorithms.base import Arrival
+from taciturn.algorithms.base import ArraySpec, Arrival
 from taciturn.core.channel import Channel
 from taciturn.core.codec import decode, encode
 from taciturn.core.ledger import Direction, Ledger
@@ -141,7 +142,7 @@ def _send_request(
     round: int,
     clients: list[int],
     downlink: Mapping[int, Message | None],
-    spec: Mapping[str, tuple[int, ...]],
+    spec: Mapping[str, ArraySpec],
 ) -> None:
     distinct: list[Message] = []
     which: dict[str, int | None] = {}
@@ -160,7 +161,7 @@ def _send_request(
         "clients": clients,
         "downlink": which,
         "blobs": len(distinct),
-        "spec": {k: list(v) for k, v in spec.items()},
+        "spec": {k: [list(v.shape), v.dtype.str] for k, v in spec.items()},
     }
     conn.send_bytes(json.dumps(header).encode())
     for message in distinct:
@@ -210,7 +211,7 @@ def _work(conn: Connection, pipeline: ClientPipeline, vectorized: bool) -> None:
             messages = [decode(conn.recv_bytes()) for _ in range(request["blobs"])]
             downlink = {int(c): None if i is None else messages[i] for c, i in request["downlink"].items()}
             pipeline.channel = Channel(Ledger(), pipeline.streams, drop[Direction.UP], drop[Direction.DOWN])
-            spec = {k: tuple(v) for k, v in request["spec"].items()}
+            spec = {k: ArraySpec(tuple(s), np.dtype(d)) for k, (s, d) in request["spec"].items()}
             part = pipeline.serve(request["round"], request["clients"], downlink, spec, trainer)
             partial, blobs = _encode_partial(part.accumulated)
             header = {

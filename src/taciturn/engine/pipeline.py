@@ -3,7 +3,8 @@
 For each client: the downlink crosses the channel, the algorithm begins its work, local training
 runs (through the executor's trainer: one client at a time, or many at once), the algorithm ends
 its work, the new client state goes to the store, the uplink crosses the channel, the server
-validates it, and the accepted arrivals are reduced with ``algorithm.accumulate``. A parallel
+validates it and replaces its claimed weight by the one it trusts (engine/trust.py), and the
+accepted arrivals are reduced with ``algorithm.accumulate``. A parallel
 executor runs this for each worker's share and merges the parts.
 """
 
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 
 from taciturn.algorithms.base import (
     Algorithm,
+    ArraySpec,
     Arrival,
     ClientContext,
     ClientOutput,
@@ -28,6 +30,7 @@ from taciturn.core.ledger import Direction
 from taciturn.core.message import Message
 from taciturn.core.rng import Streams
 from taciturn.core.state_store import ClientStateStore
+from taciturn.engine.trust import TrustConfig, TrustedWeights
 from taciturn.engine.validation import uplink_problem
 from taciturn.tasks.base import ClientData
 
@@ -64,12 +67,15 @@ class ClientPipeline:
         data: ClientData,
         loss: Loss,
         keep_arrivals: bool = False,
+        trust: TrustConfig | None = None,
     ):
         self.algorithm = algorithm
         # Per-client updates for analysis (engine/analysis.py); in-process executors only, since
         # a parallel worker sends back its reduced part, not every update.
         self.keep_arrivals = keep_arrivals
         algorithm.use_streams(streams)  # before any worker forks: every copy of the algorithm has them
+        self.trust = TrustedWeights(trust or TrustConfig(), data)
+        algorithm.use_population(data.num_clients, self.trust.total())
         self.channel = channel
         self.store = store
         self.streams = streams
@@ -94,7 +100,7 @@ class ClientPipeline:
         round: int,
         clients: Sequence[int],
         downlink: Mapping[int, Message | None],
-        spec: Mapping[str, tuple[int, ...]],
+        spec: Mapping[str, ArraySpec],
         trainer: Trainer,
     ) -> RoundPart:
         algorithm = self.algorithm
@@ -143,6 +149,7 @@ class ClientPipeline:
                 log.warning("round %d: rejected the update of client %d: %s", round, ctx.client, reason)
                 part.rejected.append((ctx.client, reason))
                 continue
+            arrived = self.trust.apply(ctx.client, arrived)
             part.accepted.append(ctx.client)
             if isinstance(loss := arrived.meta.get("train_loss"), float):
                 part.losses.append(loss)

@@ -1,16 +1,28 @@
-"""Server-side checks of an arrived uplink: a malformed or non-finite update is never averaged in."""
+"""Server-side checks: a malformed uplink is never averaged in, and a non-finite aggregate never
+becomes the model.
+
+An uplink must carry exactly the arrays the server expects, each with the expected shape and the
+expected dtype (a float64 update would silently change the global model's dtype; an integer or
+boolean one would break the arithmetic), and every float value must be finite. Even finite
+updates can sum to Inf in float32 (two values of 3e38), so the new server state is checked too
+(``state_problem``): the round is then skipped and the model kept.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
+import torch
 
+from taciturn.algorithms.base import ArraySpec
 from taciturn.core.message import Message
 
 
-def uplink_problem(message: Message, spec: Mapping[str, tuple[int | None, ...]]) -> str | None:
-    """The reason to reject ``message`` against the expected array names and shapes, or None.
+def uplink_problem(message: Message, spec: Mapping[str, ArraySpec]) -> str | None:
+    """The reason to reject ``message`` against the expected arrays, or None.
 
     A ``None`` in a shape accepts any length along that axis (variable-size payloads such as
     Ferret's coordinates, whose count depends on the update).
@@ -23,15 +35,36 @@ def uplink_problem(message: Message, spec: Mapping[str, tuple[int | None, ...]])
         if extra := sorted(names - expected):
             parts.append(f"unexpected arrays {extra}")
         return "; ".join(parts)
-    for name, shape in spec.items():
+    for name, (shape, dtype) in spec.items():
         array = message.arrays[name]
         if len(array.shape) != len(shape) or any(
             want is not None and got != want for got, want in zip(array.shape, shape, strict=True)
         ):
             return f"array {name!r} has shape {tuple(array.shape)}, expected {tuple(shape)}"
-        if array.dtype.kind not in "fiub":
-            return f"array {name!r} has dtype {array.dtype}"
+        if array.dtype != dtype:
+            return f"array {name!r} has dtype {array.dtype}, expected {np.dtype(dtype)}"
         if array.dtype.kind == "f" and not np.isfinite(array).all():
             bad = int(array.size - np.isfinite(array).sum())
             return f"array {name!r} has {bad} non-finite values (NaN/Inf)"
+    return None
+
+
+def _tensors(value: Any, path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(value, torch.Tensor):
+        yield path, value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _tensors(item, f"{path}.{key}")
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            yield from _tensors(getattr(value, f.name), f"{path}.{f.name}" if path else f.name)
+
+
+def state_problem(state: Any) -> str | None:
+    """The reason a server state (a dataclass of tensors) is unusable, or None: any non-finite
+    float value in any of its tensors."""
+    for path, tensor in _tensors(state, ""):
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int(tensor.numel() - torch.isfinite(tensor).sum())
+            return f"the aggregate made {path} non-finite ({bad} NaN/Inf values)"
     return None

@@ -19,6 +19,7 @@ from taciturn.algorithms import REGISTRY
 from taciturn.algorithms.base import StrictModel
 from taciturn.core.errors import TaciturnError
 from taciturn.engine.analysis import AnalysisConfig
+from taciturn.engine.trust import TrustConfig
 from taciturn.tasks.layers import BIAS_VAR, WEIGHT_VAR
 
 
@@ -251,6 +252,7 @@ class RunConfig(StrictModel):
     checkpoint: CheckpointConfig = CheckpointConfig()
     engine: EngineConfig = EngineConfig()
     analysis: AnalysisConfig = AnalysisConfig()
+    server: TrustConfig = TrustConfig()
 
     @model_validator(mode="before")
     @classmethod

@@ -91,7 +91,14 @@ def build_federation(
     picked = choose_executor(config, algorithm, task, data)
     store = build_store(config, algorithm, picked, out, data.num_clients)
     pipeline = ClientPipeline(
-        algorithm, channel, store, streams, data, task.loss, keep_arrivals=config.analysis.divergence
+        algorithm,
+        channel,
+        store,
+        streams,
+        data,
+        task.loss,
+        keep_arrivals=config.analysis.divergence,
+        trust=config.server,
     )
     executor = build_executor(picked.executor, picked.workers, pipeline)
     if picked.challenger is not None:

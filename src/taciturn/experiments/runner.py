@@ -168,7 +168,7 @@ def start(
     state = exp.algorithm.init_server(params, exp.data.num_clients)
     if exp.analysis is not None:
         exp.analysis.begin(params)
-    counters = {"round": 0, "wall_s": 0.0, "rejected": 0, "failed": 0}
+    counters = {"round": 0, "wall_s": 0.0, "rejected": 0, "failed": 0, "skipped": 0}
     row = _evaluate(exp, state, counters, None)
     RunDir.append_jsonl(rundir.metrics, _with_analysis(exp, state, row))
     return _loop(exp, state, counters, progress, callbacks)
@@ -213,6 +213,7 @@ def _evaluate(
         "clients": 0 if report is None else len(report.selected),
         "rejected": counters["rejected"],
         "failed": counters["failed"],
+        "skipped": counters.get("skipped", 0),
         "wall_s": round(counters["wall_s"], 3),
     }
 
@@ -230,6 +231,11 @@ def _record_events(rundir: RunDir, report: RoundReport) -> None:
             RunDir.append_jsonl(
                 rundir.events, {"round": report.round, "client": client, "event": kind, "reason": reason}
             )
+    if report.skipped is not None:
+        RunDir.append_jsonl(
+            rundir.events,
+            {"round": report.round, "client": None, "event": "skipped", "reason": report.skipped},
+        )
 
 
 def _loop(
@@ -270,6 +276,7 @@ def _loop(
                 counters["round"] = round
                 counters["rejected"] += len(report.rejected)
                 counters["failed"] += len(report.failed)
+                counters["skipped"] = counters.get("skipped", 0) + (report.skipped is not None)
                 row = None
                 if round % config.eval.every == 0 or round == config.rounds:
                     started = time.perf_counter()
