@@ -80,6 +80,9 @@ class ClientContext:
     streams: Streams
     data: ClientData  # the federated training set (this client's part via client_indices)
     loss: Loss  # the task loss, a pure function of (params, batch)
+    buffers: frozenset[str] = (
+        frozenset()
+    )  # names in the parameters that take no gradient (BatchNorm statistics)
 
     def batch_indices(self, config: LocalConfig) -> list[np.ndarray]:
         """Which samples each of this round's local steps uses, from the client's own seeded stream."""
@@ -150,6 +153,11 @@ class Algorithm(ABC):
     name: ClassVar[str]
     Config: ClassVar[type[AlgorithmConfig]]
     keeps_client_state: ClassVar[bool] = True  # False: clients are stateless (no store traffic)
+    # True: the algorithm's server averages every tensor a client sends back, so a model's floating
+    # buffers (BatchNorm statistics), carried in the parameters but never differentiated, are
+    # averaged like weights. Algorithms whose math is about gradients (control variates, duals,
+    # projections) leave it False and refuse such models.
+    averages_buffers: ClassVar[bool] = False
 
     def __init__(self, config: AlgorithmConfig):
         self.config = config

@@ -27,6 +27,7 @@ class FedProxConfig(FedAvgConfig):
 class FedProx(FedAvg):
     name = "fedprox"
     Config = FedProxConfig
+    averages_buffers = False  # its proximal term would count BatchNorm statistics as weights
     config: FedProxConfig
 
     def client_begin(self, ctx: ClientContext) -> LocalTraining | ClientOutput:

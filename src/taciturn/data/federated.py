@@ -55,6 +55,9 @@ class FederatedData(ClientSlices):
         return self.dataset.x_train.index_select(0, idx), self.dataset.y_train.index_select(0, idx)
 
     def histogram(self) -> np.ndarray:
+        """(clients x classes) sample counts; one column of sizes when the targets are not classes."""
+        if self.dataset.num_classes == 0:
+            return np.diff(self.offsets)[:, None]
         labels = self.dataset.y_train.numpy()
         parts = [self.client_indices(c) for c in range(self.num_clients)]
         return class_histogram(labels, parts, self.dataset.num_classes)

@@ -3,6 +3,9 @@
 The optimizer is SGD with PyTorch's semantics (torch.optim.SGD, dampening 0, no Nesterov):
     g <- clip(grad) + weight_decay * w;   b <- momentum * b + g;   w <- w - lr * b
 where clip optionally rescales the gradient to a maximum global L2 norm (clip_grad_norm_).
+Buffers (``ctx.buffers``: BatchNorm statistics) take no gradient and no optimizer step: the
+forward pass updates them in place, and they come back with the trained parameters.
+Stochastic layers (dropout) draw from the global generator, seeded per (round, client).
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ def sgd_step(
 def train_locally(
     algorithm: Algorithm, ctx: ClientContext, work: LocalTraining, config: LocalConfig
 ) -> TrainResult:
-    names = list(work.params)
+    names = [n for n in work.params if n not in ctx.buffers]
     params = [work.params[n].detach().clone().requires_grad_(True) for n in names]
+    buffers = {n: work.params[n].detach().clone() for n in work.params if n in ctx.buffers}
     momentum = None
     if config.momentum > 0:
         start = work.momentum or {}
@@ -48,17 +52,19 @@ def train_locally(
         ]
     gradient_sum = [torch.zeros_like(p) for p in params] if work.track_gradient else None
     total_loss, steps = 0.0, 0
-    for batch in ctx.batches(config):
-        current: Params = dict(zip(names, params, strict=True))
-        value = algorithm.objective(ctx.loss, current, batch, work.consts)
-        grads = list(torch.autograd.grad(value, params))
-        if gradient_sum is not None:
-            torch._foreach_add_(gradient_sum, grads)
-        sgd_step(params, grads, momentum, config)
-        total_loss += float(value.detach())
-        steps += 1
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(ctx.streams.seed_for(ctx.round, ctx.client, "layers"))
+        for batch in ctx.batches(config):
+            current: Params = dict(zip(names, params, strict=True)) | buffers
+            value = algorithm.objective(ctx.loss, current, batch, work.consts)
+            grads = list(torch.autograd.grad(value, params))
+            if gradient_sum is not None:
+                torch._foreach_add_(gradient_sum, grads)
+            sgd_step(params, grads, momentum, config)
+            total_loss += float(value.detach())
+            steps += 1
     return TrainResult(
-        params={n: p.detach() for n, p in zip(names, params, strict=True)},
+        params={n: p.detach() for n, p in zip(names, params, strict=True)} | buffers,
         momentum=None if momentum is None else dict(zip(names, momentum, strict=True)),
         steps=steps,
         mean_loss=total_loss / max(steps, 1),

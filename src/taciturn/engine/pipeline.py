@@ -68,8 +68,10 @@ class ClientPipeline:
         loss: Loss,
         keep_arrivals: bool = False,
         trust: TrustConfig | None = None,
+        buffers: frozenset[str] = frozenset(),
     ):
         self.algorithm = algorithm
+        self.buffers = buffers  # parameter names local training updates without a gradient
         # Per-client updates for analysis (engine/analysis.py); in-process executors only, since
         # a parallel worker sends back its reduced part, not every update.
         self.keep_arrivals = keep_arrivals
@@ -93,6 +95,7 @@ class ClientPipeline:
             self.streams,
             self.data,
             self.loss,
+            self.buffers,
         )
 
     def serve(

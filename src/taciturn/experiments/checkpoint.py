@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -48,3 +49,14 @@ def load_extra(folder: Path, name: str, state_class: type) -> Any | None:
     """The extra state ``name`` saved with this checkpoint, or None if it has none."""
     path = folder / f"{name}.safetensors"
     return unpack(state_class, decode(path.read_bytes())) if path.is_file() else None
+
+
+def server_state_class(algorithm: Any) -> type:
+    """The dataclass an algorithm's ``init_server`` returns (read from its annotation), so a
+    checkpoint can be read without building the task."""
+    return typing.get_type_hints(type(algorithm).init_server)["return"]
+
+
+def load_server(folder: Path, algorithm: Any) -> Any:
+    """Only the server state of a checkpoint (client states stay on disk)."""
+    return unpack(server_state_class(algorithm), decode((folder / "server.safetensors").read_bytes()))

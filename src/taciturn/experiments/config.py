@@ -7,13 +7,14 @@ names the key and the file. ``--set key=value`` overrides are applied before val
 from __future__ import annotations
 
 import difflib
+import re
 import tomllib
 import types
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from taciturn.algorithms import REGISTRY
 from taciturn.algorithms.base import StrictModel
@@ -80,8 +81,29 @@ class InstructionData(StrictModel):
         return self
 
 
+IMPORT_PATH = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"  # "package.module:callable"
+
+
+class FactoryData(StrictModel):
+    """Your own data from a function named by its import path (taciturn.data.user.as_dataset reads
+    what it returns: four tensors, a (train, test) pair of torch or Hugging Face datasets, or a
+    Hugging Face DatasetDict with "train" and "test")."""
+
+    dataset: Literal["factory"]
+    factory: str = Field(pattern=IMPORT_PATH, description="package.module:callable")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the factory")
+
+
+class PythonData(StrictModel):
+    """Data handed to ``taciturn.run(data=...)`` as a Python object; resuming needs it again."""
+
+    dataset: Literal["python"]
+    name: str = Field("data", description="what it was (shown in the report)")
+
+
 DataConfig = Annotated[
-    FashionMnistData | DigitsData | SyntheticData | InstructionData, Field(discriminator="dataset")
+    FashionMnistData | DigitsData | SyntheticData | InstructionData | FactoryData | PythonData,
+    Field(discriminator="dataset"),
 ]
 
 
@@ -187,9 +209,28 @@ class LenetModel(ParameterizationOptions):
     width: int = Field(1, ge=1, description="k: conv 6k, 16k; fc 120k, 84k (Jian & Liu's CNN_k)")
 
 
+class FactoryModel(StrictModel):
+    """Your own nn.Module, built by a function named by its import path (called with a seeded
+    global RNG, so the same seed starts from the same weights). Its weights are round 0's model."""
+
+    kind: Literal["factory"]
+    factory: str = Field(pattern=IMPORT_PATH, description="package.module:callable returning an nn.Module")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the factory")
+
+
+class PythonModel(StrictModel):
+    """An nn.Module handed to ``taciturn.run(model=...)``; resuming needs it again."""
+
+    kind: Literal["python"]
+    name: str = Field("model", description="its class (shown in the report)")
+
+
 ModelConfig = Annotated[
-    LogRegModel | MlpModel | CnnModel | LenetModel | CausalLmModel, Field(discriminator="kind")
+    LogRegModel | MlpModel | CnnModel | LenetModel | CausalLmModel | FactoryModel | PythonModel,
+    Field(discriminator="kind"),
 ]
+
+BUILTIN_LOSSES = ("cross_entropy", "mse")
 
 AlgorithmConfigs = Annotated[
     Union[tuple(cls.Config for cls in REGISTRY.values())],  # noqa: UP007 (built from the registry)
@@ -240,8 +281,10 @@ class RunConfig(StrictModel):
     name: str = Field("run", min_length=1)
     seed: int = Field(0, ge=0)
     rounds: int = Field(50, ge=1)
-    loss: Literal["cross_entropy", "mse"] = Field(
-        "cross_entropy", description="mse: squared error to one-hot targets (one 0/1 output for two classes)"
+    loss: str = Field(
+        "cross_entropy",
+        description="cross_entropy; mse: squared error to one-hot targets (one 0/1 output for two classes); "
+        "package.module:callable: your loss(outputs, targets); python: a function given to taciturn.run",
     )
     data: DataConfig = FashionMnistData()
     partition: PartitionConfig = DirichletPartition()
@@ -257,12 +300,25 @@ class RunConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _default_tags(cls, tree: Any) -> Any:
-        """Tables may omit their kind: fill the default so the error messages stay about real keys."""
+        """Tables may omit their kind: fill the default so the error messages stay about real keys.
+        A table with a ``factory`` key is a plugin (model.factory = "pkg.mod:fn")."""
         if isinstance(tree, dict):
+            for table, tag in (("data", "dataset"), ("model", "kind")):
+                if isinstance(tree.get(table), dict) and "factory" in tree[table] and tag not in tree[table]:
+                    tree = {**tree, table: {tag: "factory", **tree[table]}}
             for table, tag, default in _DEFAULT_TAGS:
                 if isinstance(tree.get(table), dict) and tag not in tree[table]:
                     tree = {**tree, table: {tag: default, **tree[table]}}
         return tree
+
+    @field_validator("loss")
+    @classmethod
+    def _known_loss(cls, value: str) -> str:
+        if value in (*BUILTIN_LOSSES, "python") or re.match(IMPORT_PATH, value):
+            return value
+        close = difflib.get_close_matches(value, BUILTIN_LOSSES, n=1)
+        hint = f"did you mean '{close[0]}'?" if close else "or your own as 'package.module:callable'"
+        raise ValueError(f"unknown loss {value!r}: choose {' or '.join(BUILTIN_LOSSES)}, {hint}")
 
     @model_validator(mode="after")
     def _model_fits_data(self) -> RunConfig:

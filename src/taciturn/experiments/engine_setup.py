@@ -29,6 +29,13 @@ DISK_STORE_CLIENTS = 1000  # with more stateful clients than this, "auto" keeps 
 def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: ClientData) -> choice.Choice:
     engine = config.engine
     weighted = getattr(task, "weighted_batches", False)
+    if getattr(task, "buffers", None):
+        if engine.executor.endswith("vectorized"):
+            raise ConfigError(
+                f"[engine.executor] '{engine.executor}' trains clients under vmap, which cannot update "
+                "a model's buffers (BatchNorm statistics) per client; use 'sequential', 'parallel' or 'auto'"
+            )
+        weighted = False  # auto: no vectorized path
     if engine.executor.endswith("vectorized") and not weighted:
         raise ConfigError(
             f"[engine.executor] '{engine.executor}' needs a task whose loss takes sample weights"
@@ -41,9 +48,8 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
             engine.executor, workers if engine.executor.startswith("parallel") else 0, "set in the config"
         )
     if not weighted:  # e.g. a language model: one client at a time keeps every thread on its large products
-        return choice.Choice(
-            "sequential", 0, "this task has no vectorized path and its steps use all threads"
-        )
+        why = "the model's buffers rule out" if getattr(task, "buffers", None) else "this task has no"
+        return choice.Choice("sequential", 0, f"{why} a vectorized path and its steps use all threads")
     local = config.algorithm.local
     clients = config.algorithm.clients_per_round(data.num_clients)
     mean_size = data.num_samples / data.num_clients
@@ -99,6 +105,7 @@ def build_federation(
         task.loss,
         keep_arrivals=config.analysis.divergence,
         trust=config.server,
+        buffers=getattr(task, "buffers", frozenset()),
     )
     executor = build_executor(picked.executor, picked.workers, pipeline)
     if picked.challenger is not None:

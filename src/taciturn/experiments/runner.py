@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch.nn.functional as F
+
 from taciturn.algorithms import Algorithm, build_algorithm
 from taciturn.core.channel import Channel
 from taciturn.core.ledger import Direction, Ledger
 from taciturn.core.rng import SERVER, Streams
 from taciturn.core.state_store import ClientStateStore
-from taciturn.data.datasets import load_dataset
+from taciturn.data.datasets import ArrayDataset, load_dataset
 from taciturn.data.federated import FederatedData
 from taciturn.data.partition import partition
 from taciturn.engine.analysis import Analysis, TwinState
@@ -27,11 +30,22 @@ from taciturn.engine.federation import Federation, RoundReport
 from taciturn.experiments import checkpoint
 from taciturn.experiments.config import ConfigError, RunConfig, load_config, to_toml
 from taciturn.experiments.engine_setup import build_federation
+from taciturn.experiments.export import model_record
 from taciturn.experiments.progress import RoundProgress
+from taciturn.experiments.user import (
+    UserObjects,
+    check_fit,
+    default_metrics,
+    require_objects,
+    user_dataset,
+    user_loss,
+    user_model,
+)
 from taciturn.report.rundir import RunDir
 from taciturn.tasks import squared_error
 from taciturn.tasks.base import ClientData, Task
 from taciturn.tasks.classification import ClassificationTask
+from taciturn.tasks.custom import CustomTask
 from taciturn.tasks.models import build_model
 
 log = logging.getLogger("taciturn")
@@ -70,22 +84,23 @@ class Experiment:
     analysis: Analysis | None = None
 
 
-def build_task(config: RunConfig, streams: Streams) -> tuple[Task, ClientData]:
-    """The task (model, loss, evaluation) and the federated training data a config asks for."""
+def build_task(
+    config: RunConfig, streams: Streams, objects: UserObjects | None = None
+) -> tuple[Task, ClientData]:
+    """The task (model, loss, evaluation) and the federated training data a config asks for;
+    ``objects``: the model, data, loss and metrics given to ``taciturn.run`` as Python objects."""
     if config.model.kind == "causal_lm":
         from taciturn.experiments.language import build_language_task
 
         return build_language_task(config, streams)
-    options = config.data.model_dump(exclude={"dataset", "path"})
-    try:
-        dataset = load_dataset(
-            config.data.dataset,
-            streams.numpy(0, SERVER, "data"),
-            getattr(config.data, "path", None),
-            **options,
+    objects = objects or UserObjects()
+    require_objects(config, objects)
+    dataset = _dataset(config, streams, objects)
+    if dataset.num_classes == 0 and config.partition.kind != "iid":
+        raise ConfigError(
+            f"[partition.kind] '{config.partition.kind}' splits by class, but the targets are not class "
+            "labels: use partition.kind = 'iid'"
         )
-    except ValueError as error:  # an impossible subset (classes, train_size, test_size)
-        raise ConfigError(f"[data] {error}") from None
     part_options = config.partition.model_dump(exclude={"kind", "num_clients"})
     parts = partition(
         dataset.y_train.numpy(),
@@ -95,23 +110,70 @@ def build_task(config: RunConfig, streams: Streams) -> tuple[Task, ClientData]:
         **part_options,
     )
     data = FederatedData.from_parts(dataset, parts)
-    model_options = config.model.model_dump(exclude={"kind"})
+    loss = user_loss(config, objects)
     squared = config.loss == "mse"
-    outputs = squared_error.num_outputs(dataset.num_classes) if squared else dataset.num_classes
+    if dataset.num_classes == 0:
+        outputs = max(1, math.prod(dataset.y_train.shape[1:]))
+    else:
+        outputs = squared_error.num_outputs(dataset.num_classes) if squared else dataset.num_classes
+    own_model = config.model.kind in ("factory", "python")
+    if own_model:
+        model = user_model(config, streams, objects)
+    else:
+        model_options = config.model.model_dump(exclude={"kind"})
+        try:
+            model = build_model(config.model.kind, dataset.input_shape, outputs, **model_options)
+        except ValueError as error:
+            raise ConfigError(f"[model] {error} (data {dataset.name}: input {dataset.input_shape})") from None
+    check_fit(model, dataset, loss, outputs)
     try:
-        model = build_model(config.model.kind, dataset.input_shape, outputs, **model_options)
-    except ValueError as error:
-        raise ConfigError(
-            f"[model] {error} (data {config.data.dataset}: input {dataset.input_shape})"
-        ) from None
-    task_class = squared_error.SquaredErrorTask if squared else ClassificationTask
-    return task_class(model, dataset.x_test, dataset.y_test, config.eval.batch_size), data
+        if loss is None and not objects.metrics:
+            task_class = squared_error.SquaredErrorTask if squared else ClassificationTask
+            task = task_class(
+                model, dataset.x_test, dataset.y_test, config.eval.batch_size, reinit=not own_model
+            )
+        else:
+            metrics = default_metrics(dataset, loss, objects.metrics)
+            task = CustomTask(
+                model,
+                dataset.x_test,
+                dataset.y_test,
+                config.eval.batch_size,
+                loss or F.cross_entropy,
+                metrics,
+                reinit=not own_model,
+            )
+    except ValueError as error:  # a model taciturn cannot federate (see tasks/classification.py)
+        raise ConfigError(f"[model] {error}") from None
+    return task, data
 
 
-def prepare(config: RunConfig, out: Path, ledger: Ledger | None = None) -> Experiment:
+def _dataset(config: RunConfig, streams: Streams, objects: UserObjects) -> ArrayDataset:
+    if config.data.dataset in ("factory", "python"):
+        return user_dataset(config, streams, objects)
+    options = config.data.model_dump(exclude={"dataset", "path"})
+    try:
+        return load_dataset(
+            config.data.dataset,
+            streams.numpy(0, SERVER, "data"),
+            getattr(config.data, "path", None),
+            **options,
+        )
+    except ValueError as error:  # an impossible subset (classes, train_size, test_size)
+        raise ConfigError(f"[data] {error}") from None
+
+
+def prepare(
+    config: RunConfig, out: Path, ledger: Ledger | None = None, objects: UserObjects | None = None
+) -> Experiment:
     streams = Streams(config.seed)
-    task, data = build_task(config, streams)
+    task, data = build_task(config, streams, objects)
     algorithm = build_algorithm(config.algorithm)
+    if getattr(task, "buffers", None) and not algorithm.averages_buffers:
+        raise ConfigError(
+            f"[algorithm.name] '{algorithm.name}' cannot federate a model with buffers (e.g. BatchNorm "
+            f"statistics: {', '.join(sorted(task.buffers)[:3])}); use 'fedavg', or a model without them"
+        )
     ledger = ledger or Ledger()
     channel = Channel(ledger, streams, config.channel.drop_up, config.channel.drop_down)
     federation, store, engine_note = build_federation(config, algorithm, task, data, channel, streams, out)
@@ -156,13 +218,15 @@ def start(
     overwrite: bool = False,
     progress: bool = True,
     callbacks: tuple[RoundCallback, ...] = (),
+    objects: UserObjects | None = None,
 ) -> RunDir:
     """Run a new experiment into ``out``."""
     rundir = RunDir(out)
     rundir.check_free(overwrite)
-    exp = prepare(config, out)  # everything that can fail on config or data fails here
+    exp = prepare(config, out, objects=objects)  # everything that can fail on config or data fails here
     rundir.reset(to_toml(config))
-    rundir.info.write_text(json.dumps({"primary_metric": exp.task.primary_metric, "engine": exp.engine_note}))
+    info = {"primary_metric": exp.task.primary_metric, "engine": exp.engine_note}
+    rundir.info.write_text(json.dumps(info | model_record(exp.task, exp.data)))
     _write_partition(exp)
     params = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))
     state = exp.algorithm.init_server(params, exp.data.num_clients)
@@ -174,7 +238,12 @@ def start(
     return _loop(exp, state, counters, progress, callbacks)
 
 
-def resume(path: Path, progress: bool = True, callbacks: tuple[RoundCallback, ...] = ()) -> RunDir:
+def resume(
+    path: Path,
+    progress: bool = True,
+    callbacks: tuple[RoundCallback, ...] = (),
+    objects: UserObjects | None = None,
+) -> RunDir:
     """Continue a run from its last checkpoint; it ends with the numbers of an uninterrupted run."""
     rundir = RunDir(path)
     if not rundir.exists():
@@ -183,10 +252,10 @@ def resume(path: Path, progress: bool = True, callbacks: tuple[RoundCallback, ..
     latest = rundir.latest_checkpoint()
     if latest is None:
         log.info("no checkpoint in %s: starting it again from round 0", path)
-        return start(config, path, overwrite=True, progress=progress, callbacks=callbacks)
+        return start(config, path, overwrite=True, progress=progress, callbacks=callbacks, objects=objects)
     round, folder = latest
     rundir.truncate_after(round)
-    exp = prepare(config, path, ledger=Ledger.from_csv(rundir.ledger, up_to_round=round))
+    exp = prepare(config, path, ledger=Ledger.from_csv(rundir.ledger, up_to_round=round), objects=objects)
     params = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))
     initial = exp.algorithm.init_server(params, exp.data.num_clients)
     state, counters = checkpoint.load(folder, type(initial), exp.store)
@@ -252,7 +321,7 @@ def _loop(
         "run %s: %s on %s, rounds %d..%d",
         config.name,
         config.algorithm.name,
-        config.data.dataset,
+        getattr(exp.data, "dataset", None) and exp.data.dataset.name,
         counters["round"] + 1,
         config.rounds,
     )

@@ -103,8 +103,12 @@ def _known_type(tree: dict, source: str) -> str:
 
 
 def load(path: Path | str, overrides: list[str] = ()) -> Any:
-    tree = read_tree(path, overrides)
-    return validate(tree, str(path), _type_of(tree, str(path)).config)
+    return validate_tree(read_tree(path, overrides), str(path))
+
+
+def validate_tree(tree: dict, source: str) -> Any:
+    """A config tree validated against its experiment type's config."""
+    return validate(tree, source, _type_of(tree, source).config)
 
 
 def start(config: Any, out: Path, report: bool = True, **options: Any) -> RunDir:

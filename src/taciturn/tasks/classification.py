@@ -4,6 +4,11 @@ The model module only provides the architecture; parameters live outside it as a
 dict and are passed in with ``torch.func.functional_call``. That makes the loss a pure function
 of (parameters, batch), which algorithms extend into their local objectives and which a
 vectorized executor can ``vmap`` over clients.
+
+Floating buffers (BatchNorm running statistics) travel with the parameters under their
+state_dict names: local training updates them in place during the forward pass (train mode) and
+takes no gradient for them (``buffers``), and the server averages them as it averages weights.
+Integer buffers (BatchNorm's batch counter) stay out of the federated state.
 """
 
 from __future__ import annotations
@@ -24,28 +29,40 @@ class ClassificationTask:
     weighted_batches = True  # loss accepts (x, y, weight): the vectorized executor needs this
 
     def __init__(
-        self, model: nn.Module, x_test: torch.Tensor, y_test: torch.Tensor, eval_batch_size: int = 2000
+        self,
+        model: nn.Module,
+        x_test: torch.Tensor,
+        y_test: torch.Tensor,
+        eval_batch_size: int = 2000,
+        reinit: bool = True,
     ):
-        if any(True for _ in model.buffers()):
-            raise ValueError("models with buffers (e.g. BatchNorm statistics) are not supported yet")
+        """``reinit``: draw fresh weights from the run's stream (built-in models); False: the
+        model's own weights are round 0's global model (the user's models, pretrained ones)."""
         self.model = model
+        self.reinit = reinit
+        self.buffers = federated_buffers(model)
         self._forward = sequential_forward(model)  # None: fall back to functional_call
         self.mlp = mlp_layers(model)  # (weight, bias) names if the model is a plain ReLU MLP
         self.x_test, self.y_test, self.eval_batch_size = x_test, y_test, eval_batch_size
 
     def init_params(self, generator: torch.Generator) -> Params:
         """Fresh parameters with PyTorch's default initialisation, drawn from ``generator``."""
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(torch.randint(0, 2**62, (), generator=generator)))
-            for module in self.model.modules():
-                if module is not self.model and hasattr(module, "reset_parameters"):
-                    module.reset_parameters()
-        return {name: p.detach().clone() for name, p in self.model.named_parameters()}
+        if self.reinit:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(int(torch.randint(0, 2**62, (), generator=generator)))
+                for module in self.model.modules():
+                    if module is not self.model and hasattr(module, "reset_parameters"):
+                        module.reset_parameters()
+        params = {name: p.detach().clone() for name, p in self.model.named_parameters()}
+        return params | {
+            name: b.detach().clone() for name, b in self.model.named_buffers() if name in self.buffers
+        }
 
-    def logits(self, params: Params, x: torch.Tensor) -> torch.Tensor:
-        if self._forward is not None:
+    def logits(self, params: Params, x: torch.Tensor, training: bool = True) -> torch.Tensor:
+        if self._forward is not None:  # plain layers: no mode-dependent module
             return self._forward(params, x)
-        return functional_call(self.model, params, (x,))
+        self.model.train(training)  # BatchNorm: batch statistics and in-place running updates; dropout
+        return functional_call(self.model, params, (x,), strict=False)
 
     def loss(self, params: Params, batch: Batch) -> torch.Tensor:
         """Mean loss; a batch (x, y, weight) gives the weighted mean, which lets a vectorized
@@ -71,8 +88,20 @@ class ClassificationTask:
         batch_size = self.eval_batch_size
         total_loss, correct = 0.0, 0
         for start in range(0, len(y), batch_size):
-            logits = self.logits(params, x[start : start + batch_size])
+            logits = self.logits(params, x[start : start + batch_size], training=False)
             target = y[start : start + batch_size]
             total_loss += float(self.output_loss(logits, target, reduction="sum"))
             correct += int((self.predict(logits) == target).sum())
         return {"loss": total_loss / len(y), "accuracy": correct / len(y)}
+
+
+def federated_buffers(model: nn.Module) -> frozenset[str]:
+    """Names of the buffers that are federated with the weights: the floating ones."""
+    for name, module in model.named_modules():
+        batchnorm = isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats
+        if batchnorm and module.momentum is None:
+            raise ValueError(
+                f"{name or 'the model'}: BatchNorm with momentum=None keeps a cumulative average over "
+                "a batch count, which has no federated meaning; give it a momentum (PyTorch's is 0.1)"
+            )
+    return frozenset(name for name, b in model.named_buffers() if b.is_floating_point())

@@ -1,0 +1,146 @@
+"""A run's trained global model, outside taciturn: a safetensors state_dict, or the model itself.
+
+The global parameters are named as in the model's ``state_dict`` (no internal prefixes), so
+``model.load_state_dict(safetensors.torch.load_file(path))`` accepts them for the user's own class.
+Integer buffers (BatchNorm's batch counter) are not federated; run.json keeps their starting
+values so that the exported state_dict is complete.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from taciturn.algorithms import build_algorithm
+from taciturn.core.params import Params
+from taciturn.core.rng import Streams
+from taciturn.experiments import checkpoint
+from taciturn.experiments.config import ConfigError, RunConfig, load_config
+from taciturn.report.rundir import RunDir
+
+FORMATS = ("state_dict", "hf")
+
+
+def model_record(task: Any, data: Any) -> dict[str, Any]:
+    """What run.json keeps to rebuild and export the model: its input shape and outputs, and the
+    values of the buffers that are not federated."""
+    model, buffers = getattr(task, "model", None), getattr(task, "buffers", None)
+    if not isinstance(model, nn.Module) or buffers is None or not hasattr(data, "dataset"):
+        return {}
+    fixed = {
+        name: {"dtype": str(b.dtype).removeprefix("torch."), "value": b.tolist()}
+        for name, b in model.named_buffers()
+        if name not in buffers
+    }
+    dataset = data.dataset
+    with torch.no_grad():
+        was_training = model.training
+        outputs = model.eval()(dataset.x_test[:1]).shape[1:]
+        model.train(was_training)
+    return {
+        "model": {"input_shape": list(dataset.input_shape), "outputs": list(outputs), "fixed_buffers": fixed}
+    }
+
+
+def _checkpoint(rundir: RunDir, round: int | None) -> tuple[int, Path]:
+    done = sorted(p for p in rundir.checkpoints.glob("round_*") if (p / "progress.json").is_file())
+    rounds = [int(p.name.split("_")[1]) for p in done]
+    if not done:
+        raise FileNotFoundError(f"{rundir.path} has no checkpoint to export")
+    if round is None:
+        return rounds[-1], done[-1]
+    if round not in rounds:
+        raise ConfigError(f"--round {round}: {rundir.path} keeps checkpoints of rounds {rounds}")
+    return round, done[rounds.index(round)]
+
+
+def _federated_config(rundir: RunDir) -> RunConfig:
+    if not rundir.exists():
+        raise FileNotFoundError(f"{rundir.path} is not a run directory (no config.toml)")
+    config = load_config(rundir.config)
+    if config.model.kind == "causal_lm":
+        raise ConfigError("[model.kind] causal_lm runs cannot be exported yet")
+    return config
+
+
+def state_dict(path: Path | str, round: int | None = None) -> tuple[int, Params]:
+    """The global model of a checkpoint (the last one by default) as a state_dict, and its round."""
+    rundir = RunDir(path)
+    config = _federated_config(rundir)
+    round, folder = _checkpoint(rundir, round)
+    algorithm = build_algorithm(config.algorithm)
+    algorithm.use_streams(Streams(config.seed))
+    params = algorithm.global_params(checkpoint.load_server(folder, algorithm))
+    record = json.loads(rundir.info.read_text()).get("model", {}) if rundir.info.exists() else {}
+    fixed = {
+        name: torch.tensor(b["value"], dtype=getattr(torch, b["dtype"]))
+        for name, b in record.get("fixed_buffers", {}).items()
+    }
+    return round, {k: v.detach().contiguous() for k, v in params.items()} | fixed
+
+
+def load_model(path: Path | str, model: nn.Module | None = None, round: int | None = None) -> nn.Module:
+    """The trained global model: a copy of ``model`` (the user's own, for runs given a Python object)
+    with the run's weights, or the model the config builds (built-in kinds, model.factory)."""
+    rundir = RunDir(path)
+    config = _federated_config(rundir)
+    model = build_model_of(config, rundir) if model is None else copy.deepcopy(model)
+    _, weights = state_dict(path, round)
+    model.load_state_dict(weights)
+    return model.eval()
+
+
+def build_model_of(config: RunConfig, rundir: RunDir) -> nn.Module:
+    """A fresh instance of the run's model (its weights are replaced by the caller)."""
+    from taciturn.experiments.user import UserObjects, user_model
+    from taciturn.tasks.models import build_model
+
+    if config.model.kind == "python":
+        raise ConfigError(
+            f"[model] this run's model was a Python object ({config.model.name}): pass it as model= "
+            "(taciturn.export(run_dir, path, model=...)), or export --format state_dict"
+        )
+    if config.model.kind == "factory":
+        return user_model(config, Streams(config.seed), UserObjects())
+    record = json.loads(rundir.info.read_text()).get("model") if rundir.info.exists() else None
+    if not record:
+        raise ConfigError(
+            f"{rundir.path}/run.json does not record the model's shape (a run from an older taciturn)"
+        )
+    options = config.model.model_dump(exclude={"kind"})
+    return build_model(config.model.kind, tuple(record["input_shape"]), record["outputs"][0], **options)
+
+
+def export(
+    path: Path | str,
+    out: Path | str,
+    format: str = "state_dict",
+    round: int | None = None,
+    model: nn.Module | None = None,
+) -> Path:
+    """Write the run's global model to ``out``: a .safetensors state_dict, or (format "hf") a
+    Hugging Face ``save_pretrained`` folder. Refuses to replace an existing file."""
+    out = Path(out)
+    if format not in FORMATS:
+        raise ConfigError(f"--format {format!r}: choose one of {', '.join(FORMATS)}")
+    if out.exists():
+        raise FileExistsError(f"{out} exists; choose another --out or remove it")
+    if format == "hf":
+        trained = load_model(path, model, round)
+        if not hasattr(trained, "save_pretrained"):
+            raise ConfigError(
+                f"--format hf needs a Hugging Face model; this run's is a {type(trained).__name__}"
+            )
+        trained.save_pretrained(out)
+        return out
+    from safetensors.torch import save_file
+
+    _, weights = state_dict(path, round)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(out))
+    return out

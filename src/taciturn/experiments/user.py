@@ -1,0 +1,148 @@
+"""The user's own model, data and loss: given as Python objects or named by import path in the config.
+
+``taciturn.run(config, model=..., data=..., loss=..., metrics=...)`` hands objects over (the
+config records ``kind = "python"``, and resuming needs them again); a config's ``model.factory``,
+``data.factory`` and ``loss = "pkg.mod:fn"`` name them, so CLI runs and resumes need no Python.
+Everything is checked here, before the first round: the model must accept the data and give
+outputs the loss can read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from taciturn.core.rng import SERVER, Streams
+from taciturn.data.datasets import ArrayDataset, DataError
+from taciturn.data.user import as_dataset
+from taciturn.experiments.config import BUILTIN_LOSSES, ConfigError, RunConfig
+from taciturn.experiments.plugins import load_callable
+
+
+@dataclass(frozen=True)
+class UserObjects:
+    """What ``taciturn.run`` was given besides the config."""
+
+    model: nn.Module | None = None
+    data: Any = None
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    metrics: Mapping[str, Callable[[torch.Tensor, torch.Tensor], Any]] = field(default_factory=dict)
+
+
+def require_objects(config: RunConfig, objects: UserObjects) -> None:
+    """Every object the config says was given in Python (``kind = "python"``) must be given again."""
+    wanted = {
+        "model": config.model.kind == "python" and objects.model is None,
+        "data": config.data.dataset == "python" and objects.data is None,
+        "loss": config.loss == "python" and objects.loss is None,
+    }
+    missing = [name for name, lacking in wanted.items() if lacking]
+    if missing:
+        one = len(missing) == 1
+        raise ConfigError(
+            f"[{missing[0]}] this run's {' and '.join(missing)} "
+            f"{'was a Python object' if one else 'were Python objects'}; pass {'it' if one else 'them'} "
+            f"again: taciturn.resume(run_dir, {', '.join(f'{m}=...' for m in missing)})"
+        )
+
+
+def _call(factory: Callable, kwargs: Mapping[str, Any], key: str, path: str) -> Any:
+    try:
+        return factory(**kwargs)
+    except Exception as error:
+        raise ConfigError(
+            f"[{key}] {path}(**{dict(kwargs)}) raised {type(error).__name__}: {error}"
+        ) from None
+
+
+def user_dataset(config: RunConfig, streams: Streams, objects: UserObjects) -> ArrayDataset:
+    data = config.data
+    if data.dataset == "python":
+        raw = objects.data
+    else:
+        raw = _call(load_callable(data.factory, "data.factory"), data.kwargs, "data.factory", data.factory)
+    try:
+        return as_dataset(raw, streams.numpy(0, SERVER, "holdout"))
+    except DataError as error:
+        raise ConfigError(f"[data] {error}") from None
+
+
+def user_model(config: RunConfig, streams: Streams, objects: UserObjects) -> nn.Module:
+    """The user's module; a factory runs with the global RNG seeded from the run's stream, so the
+    same seed builds the same starting weights."""
+    spec = config.model
+    if spec.kind == "python":
+        return objects.model
+    factory = load_callable(spec.factory, "model.factory")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(streams.seed_for(0, SERVER, "model.factory"))
+        model = _call(factory, spec.kwargs, "model.factory", spec.factory)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            f"[model.factory] {spec.factory} returned a {type(model).__name__}, not an nn.Module"
+        )
+    return model
+
+
+def user_loss(config: RunConfig, objects: UserObjects) -> Callable | None:
+    """The loss function the config or the caller names; None for the built-in ones."""
+    if config.loss in BUILTIN_LOSSES:
+        return None
+    if config.loss == "python":
+        return objects.loss
+    return load_callable(config.loss, "loss")
+
+
+def check_fit(model: nn.Module, dataset: ArrayDataset, loss: Callable | None, outputs_needed: int) -> None:
+    """One forward pass on two samples (and the loss on it), so a mismatch fails before round 1."""
+    was_training = model.training
+    model.eval()
+    x, y = dataset.x_train[:2], dataset.y_train[:2]
+    try:
+        with torch.no_grad():
+            out = model(x)
+    except Exception as error:
+        raise ConfigError(
+            f"[model] the model fails on the data (inputs {tuple(x.shape[1:])}): "
+            f"{type(error).__name__}: {error}"
+        ) from None
+    finally:
+        model.train(was_training)
+    if not isinstance(out, torch.Tensor):
+        raise ConfigError(
+            f"[model] the model must return a tensor of outputs, it returned {type(out).__name__}"
+        )
+    if loss is None:
+        if dataset.num_classes == 0:
+            raise ConfigError(
+                "[loss] the targets are not class labels (floating point): give a loss, e.g. "
+                "loss=torch.nn.functional.mse_loss or loss = 'package.module:callable'"
+            )
+        if out.ndim != 2 or out.shape[1] < outputs_needed:
+            raise ConfigError(
+                f"[model] outputs of shape {tuple(out.shape[1:])} for {dataset.num_classes} classes: "
+                f"the model needs {outputs_needed} outputs per sample"
+            )
+        return
+    try:
+        value = loss(out, y)
+    except Exception as error:
+        raise ConfigError(
+            f"[loss] the loss fails on the model's outputs: {type(error).__name__}: {error}"
+        ) from None
+    if not isinstance(value, torch.Tensor) or value.ndim != 0:
+        raise ConfigError("[loss] the loss must return a scalar tensor (the batch mean)")
+
+
+def default_metrics(dataset: ArrayDataset, loss: Callable | None, metrics: Mapping[str, Callable]) -> dict:
+    """Classification keeps its accuracy when the user adds metrics or a loss."""
+    from taciturn.tasks.custom import accuracy
+
+    return ({"accuracy": accuracy} if dataset.num_classes and loss in (None, F.cross_entropy) else {}) | dict(
+        metrics
+    )
