@@ -45,7 +45,7 @@ def test_one_client_full_batch_round_is_one_gradient_step_of_the_users_model(tmp
         "engine": {"executor": "sequential"},
     }
     data = taciturn.data.from_tensors(x[:200], y[:200], x[200:], y[200:])
-    result = taciturn.run(config, model=start, data=data, out=tmp_path / "run", report=False)
+    result = taciturn.run(config, model=start, data=data, out=tmp_path / "run")
     reference = linear_model()
     F.cross_entropy(reference(x[:200]), y[:200]).backward()
     trained = result.model
