@@ -80,9 +80,8 @@ class ClientContext:
     streams: Streams
     data: ClientData  # the federated training set (this client's part via client_indices)
     loss: Loss  # the task loss, a pure function of (params, batch)
-    buffers: frozenset[str] = (
-        frozenset()
-    )  # names in the parameters that take no gradient (BatchNorm statistics)
+    # names in the parameters that take no gradient (BatchNorm statistics)
+    buffers: frozenset[str] = frozenset()
 
     def batch_indices(self, config: LocalConfig) -> list[np.ndarray]:
         """Which samples each of this round's local steps uses, from the client's own seeded stream."""
