@@ -36,6 +36,7 @@ import numpy as np
 from docs_section import markdown_table, replace_section
 from rich.console import Console
 from rich.table import Table
+from scipy import stats
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
@@ -289,9 +290,11 @@ def run_workload(name: str, reps: int, quick: bool) -> dict[str, Any]:
     )
     runs: dict[str, list[Measured]] = {}
     accuracy: dict[str, float | None] = {}
+    load: list[float] = []
     for rep in range(reps):
         for impl, (command, result) in commands(name, config, folder / "plan", folder / "out", quick).items():
             result.unlink(missing_ok=True)
+            load.append(os.getloadavg()[0])  # how busy the machine was just before (quiet: < 0.5)
             m = measure(command)
             runs.setdefault(impl, []).append(m)
             accuracy[impl] = final_accuracy(result)
@@ -309,9 +312,32 @@ def run_workload(name: str, reps: int, quick: bool) -> dict[str, Any]:
         "peak_rss_mb": {impl: max(m.peak_rss_mb for m in ms) for impl, ms in runs.items()},
         "peak_pss_mb": {impl: max(m.peak_pss_mb for m in ms) for impl, ms in runs.items()},
         "accuracy": accuracy,
+        "load_before_max": max(load),
+        "ratio_to_floor": {
+            impl: ratio_interval([m.wall_s for m in ms], [m.wall_s for m in runs["floor"]])
+            for impl, ms in runs.items()
+            if impl != "floor" and "floor" in runs and len(ms) == len(runs["floor"])
+        },
     }
     result["gflops"] = {impl: training_flops(meta) / 1e9 / w for impl, w in wall.items()}
     return result
+
+
+def ratio_interval(times: list[float], floor: list[float]) -> dict[str, float]:
+    """The ratio of an implementation's wall time to the floor's, paired by repetition (they ran
+    back to back, so they shared the machine's state): the geometric mean with a 95% t-interval of
+    the log ratios, and the median. One repetition gives no interval."""
+    logs = np.log(np.asarray(times) / np.asarray(floor))
+    n = len(logs)
+    half = float(stats.t.ppf(0.975, n - 1) * logs.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+    mean = float(logs.mean())
+    return {
+        "median": float(np.median(np.exp(logs))),
+        "mean": float(np.exp(mean)),
+        "low": float(np.exp(mean - half)),
+        "high": float(np.exp(mean + half)),
+        "reps": n,
+    }
 
 
 def training_flops(meta: dict[str, Any]) -> float:
@@ -362,6 +388,8 @@ def show(results: dict[str, Any]) -> None:
             cells.append("-" if w is None else f"{w:.1f}" + (f" ({w / floor:.2f}x)" if floor else ""))
         table.add_row(name, *cells)
     console.print(table)
+    for line in claims(results):
+        console.print(line)
 
 
 def main() -> None:
@@ -409,8 +437,42 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
             "gflops": res["gflops"],
             "all_runs_s": res["wall_all_s"],
             "sgd_steps": res["plan"]["sgd_steps"],
+            "ratio_to_floor": res["ratio_to_floor"],
+            "load_before_max": res["load_before_max"],
         }
+    out["claims"] = claims(results)
     return out
+
+
+def claims(results: dict[str, Any]) -> list[str]:
+    """Issue 21's two claims, decided from the intervals: W's ratio to the floor below 0.95 (the
+    whole 95% interval), and on W3 `auto` within 5% of the fastest taciturn executor (medians)."""
+    out = []
+    w = results.get("W", {}).get("ratio_to_floor", {}).get("taciturn")
+    if w:
+        holds = w["high"] < 0.95
+        out.append(
+            f"W at or below 0.95x the floor: {'holds' if holds else 'does not hold'} "
+            f"(auto/floor {w['mean']:.3f}x, 95% interval [{w['low']:.3f}, {w['high']:.3f}], {w['reps']} reps)"
+        )
+    w3 = results.get("W3", {}).get("wall_s", {})
+    ours = {i: t for i, t in w3.items() if i.startswith("taciturn_")}
+    if "taciturn" in w3 and ours:
+        best = min(ours, key=ours.get)
+        ratio = w3["taciturn"] / ours[best]
+        out.append(
+            f"W3 auto within 5% of the fastest executor: {'holds' if ratio <= 1.05 else 'does not hold'} "
+            f"(auto {w3['taciturn']:.2f} s, {best} {ours[best]:.2f} s: {ratio:.3f}x, medians)"
+        )
+    return out
+
+
+def _ratio_cell(ratio: dict[str, float] | None) -> str:
+    if ratio is None:
+        return "-"
+    if ratio["reps"] < 2:
+        return f"{ratio['mean']:.3f}"
+    return f"{ratio['mean']:.3f} [{ratio['low']:.3f}, {ratio['high']:.3f}]"
 
 
 def render(results: dict[str, Any]) -> str:
@@ -456,6 +518,23 @@ def render(results: dict[str, Any]) -> str:
         "Final test accuracy (every implementation takes the same SGD steps from the same weights):\n\n"
         + markdown_table(["workload", *impls], accuracy),
     ]
+    ratios = [
+        [name, *(_ratio_cell(res["ratio_to_floor"].get(i)) for i in impls if i != "floor")]
+        for name, res in results.items()
+        if isinstance(res, dict) and res.get("ratio_to_floor")
+    ]
+    if ratios:
+        load = max(
+            res["load_before_max"]
+            for res in results.values()
+            if isinstance(res, dict) and "load_before_max" in res
+        )
+        parts.append(
+            "Wall time over the floor's, paired by repetition: geometric mean [95% t-interval] "
+            f"(highest 1-minute load average before any command: {load:.2f}):\n\n"
+            + markdown_table(["workload", *(i for i in impls if i != "floor")], ratios)
+        )
+        parts.append("\n".join(f"* {line}" for line in claims(results)))
     if "W4" in results:
         w4 = results["W4"]
         parts.append(
