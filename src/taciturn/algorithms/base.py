@@ -157,6 +157,9 @@ class Algorithm(ABC):
     # averaged like weights. Algorithms whose math is about gradients (control variates, duals,
     # projections) leave it False and refuse such models.
     averages_buffers: ClassVar[bool] = False
+    # The uplink arrays that form a model delta, by name prefix ("": all of them), which the server
+    # chain (server/aggregation.py: robust rules, clipping, DP) may combine; None: not a delta.
+    delta_prefix: ClassVar[str | None] = None
 
     def __init__(self, config: AlgorithmConfig):
         self.config = config

@@ -58,6 +58,7 @@ class FedAvg(Algorithm):
     config: FedAvgConfig
     keeps_client_state = False
     averages_buffers = True  # w_{t+1} averages every tensor: BatchNorm statistics sample-weighted too
+    delta_prefix = ""
 
     def init_server(self, params: Params, num_clients: int) -> FedAvgState:
         return FedAvgState(clone(params))

@@ -94,6 +94,7 @@ class Scaffold(Algorithm):
     name = "scaffold"
     Config = ScaffoldConfig
     config: ScaffoldConfig
+    delta_prefix = "dy/"  # the server chain combines the model deltas; dc keeps its weighted sum
 
     def init_server(self, params: Params, num_clients: int) -> ScaffoldState:
         return ScaffoldState(clone(params), zeros_like(params))

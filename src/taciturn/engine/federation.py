@@ -19,6 +19,7 @@ from taciturn.algorithms.base import Algorithm, Arrival
 from taciturn.core.rng import SERVER, Streams
 from taciturn.engine.executor import Executor
 from taciturn.engine.validation import state_problem
+from taciturn.server.aggregation import ServerAggregation
 from taciturn.tasks.base import ClientData
 
 log = logging.getLogger(__name__)
@@ -35,14 +36,23 @@ class RoundReport:
     client_info: dict[int, Mapping[str, float]] = field(default_factory=dict)  # ClientOutput.info
     arrivals: list[Arrival] = field(default_factory=list)  # kept only when the pipeline keeps them (analysis)
     skipped: str | None = None  # why this round's aggregate was discarded (None: it was applied)
+    server_info: dict[str, float] = field(default_factory=dict)  # the server chain's numbers (clip norm...)
 
 
 class Federation:
-    def __init__(self, algorithm: Algorithm, executor: Executor, streams: Streams, data: ClientData):
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        executor: Executor,
+        streams: Streams,
+        data: ClientData,
+        aggregation: ServerAggregation | None = None,
+    ):
         self.algorithm = algorithm
         self.executor = executor
         self.streams = streams
         self.data = data
+        self.aggregation = aggregation  # the server chain (robust rules, clipping, DP), if any
 
     def run_round(self, state: Any, round: int) -> tuple[Any, RoundReport]:
         algorithm = self.algorithm
@@ -64,9 +74,15 @@ class Federation:
             part.client_info,
             part.arrivals,
         )
-        new_state = algorithm.aggregate(state, round, part.accumulated)
+        accumulated, chain_state = part.accumulated, None
+        if self.aggregation is not None:  # the chain's result stands for all the round's updates
+            standing, chain_state, report.server_info = self.aggregation.apply(round, accumulated)
+            accumulated = algorithm.accumulate(standing)
+        new_state = algorithm.aggregate(state, round, accumulated)
         if (problem := state_problem(new_state)) is not None:
             log.warning("round %d skipped, the model kept: %s", round, problem)
             report.skipped = problem
             return state, report
+        if self.aggregation is not None:
+            self.aggregation.state = chain_state
         return new_state, report

@@ -91,7 +91,7 @@ class ParallelExecutor(Executor):
         for conn, share in busy:
             _send_request(conn, round, share, downlink, spec)
         parts = [self._receive(conn) for conn, _ in busy]
-        part = merge(self.pipeline.algorithm, parts)
+        part = merge(self.pipeline, parts)
         order = {c: i for i, c in enumerate(clients)}
         part.accepted.sort(key=order.__getitem__)
         part.rejected.sort(key=lambda item: order[item[0]])

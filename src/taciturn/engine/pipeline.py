@@ -69,12 +69,16 @@ class ClientPipeline:
         keep_arrivals: bool = False,
         trust: TrustConfig | None = None,
         buffers: frozenset[str] = frozenset(),
+        per_client: bool = False,
     ):
         self.algorithm = algorithm
         self.buffers = buffers  # parameter names local training updates without a gradient
         # Per-client updates for analysis (engine/analysis.py); in-process executors only, since
         # a parallel worker sends back its reduced part, not every update.
         self.keep_arrivals = keep_arrivals
+        # The server chain needs every update (server/aggregation.py): parts carry the arrivals
+        # themselves instead of the algorithm's partial sums.
+        self.per_client = per_client
         algorithm.use_streams(streams)  # before any worker forks: every copy of the algorithm has them
         self.trust = TrustedWeights(trust or TrustConfig(), data)
         algorithm.use_population(data.num_clients, self.trust.total())
@@ -157,10 +161,18 @@ class ClientPipeline:
             if isinstance(loss := arrived.meta.get("train_loss"), float):
                 part.losses.append(loss)
             arrivals.append(Arrival(ctx.client, arrived))
-        part.accumulated = self.algorithm.accumulate(arrivals)
+        part.accumulated = self.accumulate(arrivals)
         if self.keep_arrivals:
             part.arrivals = arrivals
         return part
+
+    def accumulate(self, arrivals: Sequence[Arrival]) -> Any:
+        return list(arrivals) if self.per_client else self.algorithm.accumulate(arrivals)
+
+    def combine(self, partials: Sequence[Any]) -> Any:
+        if self.per_client:
+            return [arrival for partial in partials for arrival in partial]
+        return self.algorithm.combine(partials)
 
 
 def _failed(ctx: ClientContext, error: Exception) -> Exception:
@@ -175,9 +187,9 @@ def _failed(ctx: ClientContext, error: Exception) -> Exception:
     return error
 
 
-def merge(algorithm: Algorithm, parts: Sequence[RoundPart]) -> RoundPart:
+def merge(pipeline: ClientPipeline, parts: Sequence[RoundPart]) -> RoundPart:
     """One part from several (each covering other clients), in the order given."""
-    merged = RoundPart(accumulated=algorithm.combine([p.accumulated for p in parts]))
+    merged = RoundPart(accumulated=pipeline.combine([p.accumulated for p in parts]))
     for p in parts:
         merged.accepted += p.accepted
         merged.rejected += p.rejected

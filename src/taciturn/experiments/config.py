@@ -21,6 +21,7 @@ from taciturn.algorithms.base import StrictModel
 from taciturn.core.errors import TaciturnError
 from taciturn.engine.analysis import AnalysisConfig
 from taciturn.engine.trust import TrustConfig
+from taciturn.server.config import AggregationConfig
 from taciturn.tasks.layers import BIAS_VAR, WEIGHT_VAR
 
 
@@ -296,6 +297,7 @@ class RunConfig(StrictModel):
     engine: EngineConfig = EngineConfig()
     analysis: AnalysisConfig = AnalysisConfig()
     server: TrustConfig = TrustConfig()
+    aggregation: AggregationConfig = AggregationConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -332,6 +334,15 @@ class RunConfig(StrictModel):
             raise ValueError(
                 "[analysis] needs every client's update in this process; use engine.executor = "
                 "'sequential', 'vectorized' or 'auto' (parallel workers send back only their reduced share)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _server_chain_needs_a_delta(self) -> RunConfig:
+        if self.aggregation.per_client and REGISTRY[self.algorithm.name].delta_prefix is None:
+            raise ValueError(
+                f"[aggregation] combines model deltas; algorithm '{self.algorithm.name}' sends none "
+                "(use fedavg, fedprox or scaffold)"
             )
         return self
 

@@ -21,6 +21,7 @@ from taciturn.engine.pipeline import ClientPipeline
 from taciturn.engine.trial import TrialExecutor
 from taciturn.engine.vectorized import VectorizedExecutor
 from taciturn.experiments.config import ConfigError, RunConfig
+from taciturn.server.aggregation import ServerAggregation, build_chain
 from taciturn.tasks.base import ClientData, Task
 
 DISK_STORE_CLIENTS = 1000  # with more stateful clients than this, "auto" keeps their state on disk
@@ -106,6 +107,7 @@ def build_federation(
         keep_arrivals=config.analysis.divergence,
         trust=config.server,
         buffers=getattr(task, "buffers", frozenset()),
+        per_client=config.aggregation.per_client,
     )
     executor = build_executor(picked.executor, picked.workers, pipeline)
     if picked.challenger is not None:
@@ -115,7 +117,12 @@ def build_federation(
     named = f"{picked.executor} or {picked.challenger}" if picked.challenger else picked.executor
     workers = f" with {picked.workers} workers" if picked.workers else ""
     note = f"executor: {named}{workers} ({picked.reason}); client state: {type(store).__name__}"
-    return Federation(algorithm, executor, streams, data), store, note
+    aggregation = (
+        ServerAggregation(build_chain(config.aggregation), algorithm, streams)
+        if config.aggregation.per_client
+        else None
+    )
+    return Federation(algorithm, executor, streams, data, aggregation), store, note
 
 
 def build_executor(name: str, workers: int, pipeline: ClientPipeline) -> Executor:

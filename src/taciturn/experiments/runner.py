@@ -42,6 +42,7 @@ from taciturn.experiments.user import (
     user_model,
 )
 from taciturn.report.rundir import RunDir
+from taciturn.server.aggregation import ChainState
 from taciturn.tasks import squared_error
 from taciturn.tasks.base import ClientData, Task
 from taciturn.tasks.classification import ClassificationTask
@@ -261,6 +262,8 @@ def resume(
     state, counters = checkpoint.load(folder, type(initial), exp.store)
     if exp.analysis is not None:
         exp.analysis.begin(params, checkpoint.load_extra(folder, "analysis", TwinState))
+    if exp.federation.aggregation is not None:
+        exp.federation.aggregation.restore(checkpoint.load_extra(folder, "server_chain", ChainState))
     return _loop(exp, state, counters, progress, callbacks)
 
 
@@ -284,6 +287,7 @@ def _evaluate(
         "failed": counters["failed"],
         "skipped": counters.get("skipped", 0),
         "wall_s": round(counters["wall_s"], 3),
+        **({} if report is None else report.server_info),
     }
 
 
@@ -355,6 +359,8 @@ def _loop(
                     RunDir.append_jsonl(rundir.metrics, row)
                 if round % config.checkpoint.every == 0 or round == config.rounds:
                     extras = {} if exp.analysis is None else exp.analysis.checkpoint_extras()
+                    if exp.federation.aggregation is not None:
+                        extras |= exp.federation.aggregation.checkpoint_extras()
                     checkpoint.save(rundir.checkpoint_dir(round), state, exp.store, counters, extras)
                     rundir.prune_checkpoints(config.checkpoint.keep)
                 bar.update(round, row, exp.ledger)

@@ -1,0 +1,42 @@
+"""Aggregators that look at each coordinate on its own.
+
+* ``Mean``: the weighted mean sum_k w_k Delta_k / sum_k w_k (FedAvg; McMahan et al. 2017, Alg. 1).
+* ``Median``: the coordinate-wise median (Yin, Chen, Ramchandran, Bartlett, "Byzantine-Robust
+  Distributed Learning: Towards Optimal Statistical Rates", ICML 2018, Def. 1: g = med{g^i}, each
+  coordinate separately; for an even count the mean of the two middle values).
+* ``TrimmedMean``: the coordinate-wise beta-trimmed mean (same paper, Def. 2: for each coordinate
+  remove the largest and smallest beta fraction, average the rest).
+The robust rules ignore the sample weights (as in the paper): a weight is what a client could lie about.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from taciturn.server.transform import Aggregator, Info, State, Updates
+
+
+class Mean(Aggregator):
+    def reduce(self, updates: Updates, state: State) -> tuple[torch.Tensor, State, Info]:
+        w = updates.weights.to(updates.rows.dtype)
+        return (w[:, None] * updates.rows).sum(0) / w.sum(), state, {}
+
+
+class Median(Aggregator):
+    def reduce(self, updates: Updates, state: State) -> tuple[torch.Tensor, State, Info]:
+        return updates.rows.quantile(0.5, dim=0) if len(updates.rows) > 1 else updates.rows[0], state, {}
+
+
+class TrimmedMean(Aggregator):
+    def __init__(self, beta: float):
+        self.beta = beta
+
+    def reduce(self, updates: Updates, state: State) -> tuple[torch.Tensor, State, Info]:
+        m = len(updates.rows)
+        k = math.floor(self.beta * m + 1e-9)  # values removed at each end (Def. 2: beta m)
+        if 2 * k >= m:
+            k = (m - 1) // 2
+        ordered = updates.rows.sort(dim=0).values
+        return ordered[k : m - k].mean(0), state, {"trimmed": float(2 * k)}
