@@ -66,11 +66,10 @@ def methods(ferret_lr: float, fedavg_lr: float, zo_lr: float, steps: int, zo_ste
         "local": local,
         "max_bases_per_block": K,
         "server_lr": slr,
-        "basis_cache_mib": 2048,
     }
     return {
         "ferret": ferret,
-        "ferret_no_shared_bases": {**ferret, "share_bases": False},
+        "ferret_no_shared_bases": {**ferret, "replay_cache_mib": 0},
         "fedkseed": {
             "name": "fedkseed",
             "local": {"steps": zo_steps, "batch_size": 1, "lr": zo_lr},
@@ -161,8 +160,8 @@ def run_method(name: str, scale: Scale, task, data, initial: dict, rounds: int, 
     if name != "ferret_no_shared_bases":
         result.update(task.generation_scores(algorithm.global_params(state)))
         result["rougeL"], result["exact_match"] = result.pop("rougeL"), result.pop("accuracy")
-    if hasattr(algorithm, "bases"):
-        result["bases_generated"] = algorithm.bases.generated
+    if hasattr(algorithm, "cache"):
+        result["catch_ups_from_cache"] = algorithm.cache.hits
     return result
 
 

@@ -162,3 +162,13 @@ def test_disk_store_is_shared_between_instances(tmp_path):
     reader = DiskStateStore(tmp_path / "s.bin", 4)
     writer.put(2, {"x": torch.tensor([1.5, 2.5])})
     assert torch.equal(reader.get(2)["x"], torch.tensor([1.5, 2.5]))
+
+
+def test_seeds_for_a_purpose_are_prefixes_of_each_other_and_differ_by_key():
+    streams = Streams(3)
+    many = streams.seeds_for(2, 5, "bases", 16)
+    assert streams.seeds_for(2, 5, "bases", 3) == many[:3]  # Ferret's K_l bases take a prefix
+    assert streams.seed_for(2, 5, "bases") == many[0]
+    assert len(set(many)) == 16 and all(0 <= s < 2**63 for s in many)
+    assert streams.seeds_for(2, 5, "other", 3) != many[:3]
+    assert streams.seeds_for(2, 4, "bases", 3) != many[:3]

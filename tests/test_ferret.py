@@ -9,17 +9,17 @@ import torch
 from taciturn.algorithms.base import Arrival, ClientContext, LocalTraining, TrainResult
 from taciturn.algorithms.ferret import Ferret, FerretConfig
 from taciturn.algorithms.shared_bases import (
+    Bases,
     Block,
-    SharedBases,
+    Contribution,
     allocate_bases,
+    apply_pieces,
     basis_variance,
-    generate_basis,
     group_blocks,
-    project,
-    reconstruct_into,
 )
 from taciturn.core import Message, Streams, encode
 from taciturn.core.params import clone, flatten, sub
+from taciturn.core.rng import SERVER
 from taciturn.core.state_store import MemoryStateStore
 
 
@@ -27,56 +27,101 @@ def one_block(d):
     return [Block(("w",), ((d,),))]
 
 
-def reconstruction(delta, counts, streams, round, blocks=None, cache_bytes=0):
-    blocks = blocks or one_block(len(delta["w"]))
-    bases = SharedBases(streams, cache_bytes)
-    coords = project(delta, blocks, counts, bases, round)
-    out = {k: torch.zeros_like(v) for k, v in delta.items()}
-    reconstruct_into(out, blocks, counts, coords, bases, round, 1.0)
+def reconstruct(bases, blocks, contributions, round, like):
+    out = {k: torch.zeros_like(v) for k, v in like.items()}
+    apply_pieces(out, blocks, bases.reconstruct(blocks, contributions, round), 1.0)
     return out
 
 
-def test_basis_variance_is_the_truncated_normal_variance():
-    # scipy's closed form is exact for small d; both tend to 1/(3d) (the spec checked 0.99987 at d=1e3)
+def reconstruction(delta, counts, streams, round, blocks=None, kind="uniform"):
+    blocks = blocks or one_block(len(delta["w"]))
+    bases = Bases(streams, kind)
+    coords = bases.project(delta, blocks, counts, round, SERVER)
+    return reconstruct(bases, blocks, [Contribution(SERVER, counts, coords)], round, delta)
+
+
+def moments(kind, d):
+    """(rho, mu4) of a basis element, from scipy where the distribution is not elementary."""
+    c = 1 / math.sqrt(d)
+    if kind == "uniform":
+        return c**2 / 3, c**4 / 5
     from scipy import stats
 
+    dist = stats.truncnorm(-c, c)
+    return dist.var(), dist.moment(4)
+
+
+KINDS = ("uniform", "truncated_normal")
+
+
+def test_basis_variance_is_the_distributions_variance():
+    # scipy's closed form is exact for small d; both tend to 1/(3d) (the spec checked 0.99987 at d=1e3)
     for d in (1, 10, 1000):
-        c = 1 / math.sqrt(d)
-        assert basis_variance(d) == pytest.approx(stats.truncnorm(-c, c).var(), rel=1e-10)
-    assert basis_variance(1000) * 3000 == pytest.approx(0.99987, abs=1e-5)
-    assert basis_variance(10**9) * 3 * 10**9 == pytest.approx(1.0, abs=1e-8)  # no cancellation
+        assert basis_variance("truncated_normal", d) == pytest.approx(
+            moments("truncated_normal", d)[0], rel=1e-10
+        )
+        assert basis_variance("uniform", d) == pytest.approx(moments("uniform", d)[0], rel=1e-15)
+    assert basis_variance("truncated_normal", 1000) * 3000 == pytest.approx(0.99987, abs=1e-5)
+    assert basis_variance("truncated_normal", 10**9) * 3 * 10**9 == pytest.approx(1.0, abs=1e-8)
 
 
-def test_bases_are_truncated_to_the_unit_ball_and_have_the_stated_variance():
-    d = 20_000
-    v = generate_basis(Streams(0), 1, 0, 0, d)
-    assert v.abs().max() <= 1 / math.sqrt(d) and float(v.norm()) <= 1.0
-    assert float(v.var()) == pytest.approx(basis_variance(d), rel=0.03)
+@pytest.mark.parametrize("kind", KINDS)
+def test_bases_lie_in_the_unit_ball(kind):
+    # |v_i| <= c = 1/sqrt(d) in exact arithmetic, so ||v|| <= 1. In float32, c itself is rounded
+    # (relative error <= 2^-24) and so is a + (b - a) u, once more (<= 2^-24): |v_i| <= c (1 + 2^-23),
+    # hence ||v|| <= 1 + 2^-23, with the norm taken in float64 so that it adds no rounding of its own.
+    d = 200_000  # more than one chunk
+    v = Bases(Streams(0), kind).basis(1, SERVER, 0, 0, d)
+    assert float(v.double().abs().max()) <= (1 + 2**-23) / math.sqrt(d)
+    assert float(v.double().norm()) <= 1 + 2**-23
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_second_moment_of_a_basis_is_rho_times_the_identity(kind):
+    # E[v v^T] = rho I (what makes Eq. 8 unbiased), checked entry by entry within 5 standard errors:
+    # a diagonal mean of n draws has sd sqrt((mu4 - rho^2) / n), an off-diagonal one rho / sqrt(n).
+    d, n = 4, 4000  # small d: the truncated normal is visibly not uniform (c = 1/2)
+    bases = Bases(Streams(3), kind)
+    V = torch.stack([bases.basis(r, SERVER, 0, 0, d) for r in range(n)]).double()
+    second = (V.T @ V / n).numpy()
+    rho, mu4 = moments(kind, d)
+    assert basis_variance(kind, d) == pytest.approx(rho, rel=1e-10)
+    sd = np.where(np.eye(d, dtype=bool), math.sqrt(mu4 - rho**2), rho) / math.sqrt(n)
+    assert (np.abs(second - rho * np.eye(d)) <= 5 * sd).all()
 
 
 def test_client_and_server_regenerate_bit_identical_bases_and_blocks_never_share_them():
-    a = generate_basis(Streams(7), 3, 2, 5, 1000)
-    b = generate_basis(Streams(7), 3, 2, 5, 1000)
-    assert torch.equal(a, b)
-    for other in ((4, 2, 5), (3, 1, 5), (3, 2, 4)):  # another round, block or slot
-        assert not torch.equal(a, generate_basis(Streams(7), *other, 1000))
-    assert not torch.equal(a, generate_basis(Streams(8), 3, 2, 5, 1000))  # another run seed
+    def basis(seed, *key):
+        return Bases(Streams(seed), "uniform").basis(*key)
+
+    a = basis(7, 3, SERVER, 2, 5, 1000)
+    assert torch.equal(a, basis(7, 3, SERVER, 2, 5, 1000))
+    for other in ((4, SERVER, 2, 5), (3, SERVER, 1, 5), (3, SERVER, 2, 4), (3, 0, 2, 5)):
+        assert not torch.equal(a, basis(7, *other, 1000))  # another round, block, slot or owner
+    assert not torch.equal(a, basis(8, 3, SERVER, 2, 5, 1000))  # another run seed
     # equal-sized blocks get different bases (the official code reseeded and gave them the same one)
-    assert not torch.equal(
-        generate_basis(Streams(7), 3, 0, 0, 1000), generate_basis(Streams(7), 3, 1, 0, 1000)
-    )
+    assert not torch.equal(basis(7, 3, SERVER, 0, 0, 1000), basis(7, 3, SERVER, 1, 0, 1000))
 
 
-def test_theorem_1_the_mean_reconstruction_converges_to_the_update():
-    d, K, n = 64, 4, 1500
-    delta = {"w": torch.randn(d, generator=torch.Generator().manual_seed(0))}
-    streams = Streams(1)
-    mean = sum(reconstruction(delta, [K], streams, r, cache_bytes=10**6)["w"] for r in range(n)) / n
-    # each reconstruction has relative error about sqrt(d/K) = 4; the mean of n has about 4/sqrt(n)
-    err = float((mean - delta["w"]).norm() / delta["w"].norm())
-    assert err < 4 * 4 / math.sqrt(n)
-    single = float((reconstruction(delta, [K], streams, 0)["w"] - delta["w"]).norm() / delta["w"].norm())
-    assert single > 10 * err
+@pytest.mark.parametrize("kind", KINDS)
+def test_reconstruction_is_unbiased_with_the_exact_error_formula(kind):
+    # Theorem 1, E[D~] = D, and E||D~_l - D_l||^2 = ||D_l||^2 (mu4/rho^2 + d_l - 2) / K_l per block,
+    # each checked within 5 standard errors of the mean of n independent reconstructions.
+    blocks = [Block(("a",), ((3,),)), Block(("b",), ((5, 8),))]
+    counts = [2, 3]
+    g = torch.Generator().manual_seed(0)
+    delta = {"a": torch.randn(3, generator=g), "b": torch.randn(5, 8, generator=g)}
+    n = 1000
+    recs = [reconstruction(delta, counts, Streams(1), r, blocks, kind) for r in range(n)]
+    for name, d, k in (("a", 3, 2), ("b", 40, 3)):
+        samples = torch.stack([r[name].reshape(-1) for r in recs]).double()
+        true = delta[name].reshape(-1).double()
+        mean, se = samples.mean(0), samples.std(0) / math.sqrt(n)
+        assert ((mean - true).abs() <= 5 * se).all()
+        errors = (samples - true).pow(2).sum(1)
+        rho, mu4 = moments(kind, d)
+        expected = float(true.pow(2).sum()) * (mu4 / rho**2 + d - 2) / k
+        assert float(errors.mean()) == pytest.approx(expected, abs=5 * float(errors.std()) / math.sqrt(n))
 
 
 def test_cosine_between_reconstruction_and_update_is_about_sqrt_k_over_k_plus_d():
@@ -85,39 +130,25 @@ def test_cosine_between_reconstruction_and_update_is_about_sqrt_k_over_k_plus_d(
     delta = {"w": torch.randn(d, generator=torch.Generator().manual_seed(1))}
     cosines = []
     for r in range(3):
-        rec = reconstruction(delta, [K], Streams(2), r, cache_bytes=10**8)["w"]
+        rec = reconstruction(delta, [K], Streams(2), r)["w"]
         cosines.append(float(torch.nn.functional.cosine_similarity(rec, delta["w"], dim=0)))
     assert np.mean(cosines) == pytest.approx(math.sqrt(K / (K + d)), rel=0.1)
-
-
-def test_squared_error_falls_like_d_over_k():
-    d = 2000
-    delta = {"w": torch.randn(d, generator=torch.Generator().manual_seed(2))}
-
-    def mse(K):
-        errs = [
-            float((reconstruction(delta, [K], Streams(3), r)["w"] - delta["w"]).pow(2).sum())
-            for r in range(20)
-        ]
-        return np.mean(errs) / float(delta["w"].pow(2).sum())
-
-    # E||D~ - D||^2 / ||D||^2 = (d + 1 - ...)/K for near-uniform bases: about d/K
-    assert mse(10) == pytest.approx(d / 10, rel=0.2)
-    assert mse(40) == pytest.approx(d / 40, rel=0.2)
 
 
 def test_blockwise_projection_matches_the_formula_by_hand():
     delta = {"a": torch.tensor([1.0, 2.0, 3.0]), "b": torch.tensor([[4.0, -1.0]])}
     blocks = [Block(("a",), ((3,),)), Block(("b",), ((1, 2),))]
-    bases = SharedBases(Streams(5))
-    coords = project(delta, blocks, [2, 3], bases, 1)
-    v = [
-        [generate_basis(Streams(5), 1, l, k, n) for k in range(K)]
-        for l, (n, K) in enumerate([(3, 2), (2, 3)])
-    ]
-    expected = [float(v[0][k] @ delta["a"]) / (basis_variance(3) * 2) for k in range(2)]
-    expected += [float(v[1][k] @ delta["b"].reshape(-1)) / (basis_variance(2) * 3) for k in range(3)]
+    bases = Bases(Streams(5), "truncated_normal")
+    coords = bases.project(delta, blocks, [2, 3], 1, SERVER)
+    v = [[bases.basis(1, SERVER, l, k, n) for k in range(K)] for l, (n, K) in enumerate([(3, 2), (2, 3)])]
+    rho = [basis_variance("truncated_normal", n) for n in (3, 2)]
+    expected = [float(v[0][k] @ delta["a"]) / (rho[0] * 2) for k in range(2)]
+    expected += [float(v[1][k] @ delta["b"].reshape(-1)) / (rho[1] * 3) for k in range(3)]
     torch.testing.assert_close(coords, torch.tensor(expected))
+    # and reconstruction is V_l gamma_l, block by block
+    rec = reconstruct(bases, blocks, [Contribution(SERVER, [2, 3], coords)], 1, delta)
+    torch.testing.assert_close(rec["a"], sum(float(coords[k]) * v[0][k] for k in range(2)))
+    torch.testing.assert_close(rec["b"].reshape(-1), sum(float(coords[2 + k]) * v[1][k] for k in range(3)))
 
 
 def test_grouping_rule_of_the_official_code():
@@ -166,19 +197,23 @@ def client_update(algorithm, state, round, client, delta_seed):
     return algorithm.client_end(ctx, work, TrainResult(trained, None, 1, 0.5)), sub(work.params, trained)
 
 
-def test_aggregating_coordinates_equals_averaging_reconstructions():
+@pytest.mark.parametrize("seeds", ["shared", "per_client"])
+def test_the_server_step_is_the_average_of_the_clients_reconstructions(seeds):
     params = tiny_params()
-    algorithm, state = make_ferret(params, server_lr=0.7)
+    algorithm, state = make_ferret(params, server_lr=0.7, seeds=seeds)
     outputs = [client_update(algorithm, state, 1, c, 10 + c) for c in range(3)]
     arrivals = [Arrival(c, out.uplink) for c, (out, _) in enumerate(outputs)]
     new = algorithm.aggregate(state, 1, arrivals)
     # the average of each client's own reconstruction, built slot by slot from its message alone
-    bases = SharedBases(Streams(0))
+    # (with shared bases the server pools coordinates instead: equal up to float rounding)
+    bases = Bases(Streams(0), "uniform")
     expected = clone(params)
-    for out, _ in outputs:
+    for c, (out, _) in enumerate(outputs):
         counts = out.uplink.arrays["counts"].astype(int).tolist()
         coords = torch.from_numpy(out.uplink.arrays["coords"])
-        reconstruct_into(expected, algorithm.blocks, counts, coords, bases, 1, -0.7 / 3)
+        owner = SERVER if seeds == "shared" else c
+        pieces = bases.reconstruct(algorithm.blocks, [Contribution(owner, counts, coords)], 1)
+        apply_pieces(expected, algorithm.blocks, pieces, -0.7 / 3)
     for name in params:
         torch.testing.assert_close(new.params[name], expected[name], rtol=1e-5, atol=1e-6)
     # and Delta~ points along Delta: the server step correlates with the true mean update
@@ -203,22 +238,47 @@ def test_wire_message_is_o_k_whatever_the_model_size():
         assert 4 * n_coords + 2 * 3 <= nbytes <= 4 * n_coords + 2 * 3 + 200
 
 
-def test_the_shared_basis_cache_gives_bit_identical_numbers_with_fewer_generations():
-    params = tiny_params()
-    results = {}
-    for share in (True, False):
-        algorithm, state = make_ferret(params, share_bases=share)
-        arrivals = [Arrival(c, client_update(algorithm, state, 1, c, c)[0].uplink) for c in range(3)]
-        new = algorithm.aggregate(state, 1, arrivals)
-        results[share] = (new.params, algorithm.bases.generated)
-    for name in params:
-        assert torch.equal(results[True][0][name], results[False][0][name])
-    assert results[True][1] < results[False][1] / 3  # 3 clients + the server regenerated every basis
+def noise_of_the_average(seeds, updates, n):
+    """Mean of ||(1/N) sum_i D~_i - mean_i D_i||^2 over n rounds: the aggregate's reconstruction error."""
+    N, d = updates.shape
+    blocks, bases = one_block(d), Bases(Streams(4), "uniform")
+    errors = []
+    for r in range(n):
+        owners = [SERVER] * N if seeds == "shared" else list(range(N))
+        gammas = [
+            bases.project({"w": u}, blocks, [4], r, o) / N for u, o in zip(updates, owners, strict=True)
+        ]
+        if seeds == "shared":  # pooled slot by slot, as Ferret.aggregate does
+            contributions = [Contribution(SERVER, [4], sum(gammas))]
+        else:
+            contributions = [Contribution(o, [4], g) for o, g in zip(owners, gammas, strict=True)]
+        rec = reconstruct(bases, blocks, contributions, r, {"w": updates[0]})["w"]
+        errors.append(float((rec.double() - updates.double().mean(0)).pow(2).sum()))
+    return np.array(errors)
 
 
-def test_a_client_that_skipped_rounds_catches_up_from_coordinates_to_the_servers_model():
+def test_shared_bases_are_up_to_n_times_noisier_than_per_client_seeds():
+    # e(D) = ||D||^2 (mu4/rho^2 + d - 2) / K. Shared bases: E error = e(mean_i D_i); per-client
+    # seeds (Alg. 1): (1/N^2) sum_i e(D_i). Identical updates: N times apart; orthogonal updates of
+    # equal norm: equal. Each mean of n rounds within 5 standard errors of its formula.
+    N, d, K, n = 4, 16, 4, 200
+    factor = (9 / 5 + d - 2) / K  # uniform bases
+    same = torch.ones(N, d)
+    orthogonal = torch.eye(d)[:N] * 2.0
+    for updates in (same, orthogonal):
+        for seeds in ("shared", "per_client"):
+            errors = noise_of_the_average(seeds, updates, n)
+            if seeds == "shared":
+                expected = factor * float(updates.mean(0).pow(2).sum())
+            else:
+                expected = factor * float(updates.pow(2).sum()) / N**2
+            assert errors.mean() == pytest.approx(expected, abs=5 * errors.std() / math.sqrt(n))
+
+
+def run_with_a_skipping_client(seeds, cache_mib):
+    """Three rounds; client 0 trains in round 1 only, then comes back in round 4 and catches up."""
     params = tiny_params()
-    algorithm, state = make_ferret(params, num_clients=3)
+    algorithm, state = make_ferret(params, num_clients=3, seeds=seeds, replay_cache_mib=cache_mib)
     store = MemoryStateStore()
     for round in (1, 2, 3):  # client 0 trains in round 1 only; clients 1 and 2 in every round
         clients = [0, 1, 2] if round == 1 else [1, 2]
@@ -235,12 +295,27 @@ def test_a_client_that_skipped_rounds_catches_up_from_coordinates_to_the_servers
             arrivals.append(Arrival(c, out.uplink))
         state = algorithm.aggregate(state, round, arrivals)
     down = algorithm.downlink(state, 4, [0])[0]
-    assert down.meta["first_round"] == 1 and down.arrays["counts"].shape == (3, len(algorithm.blocks))
     ctx = ClientContext(0, 4, down, store.get(0), 10, algorithm.streams, None, None)
-    caught_up = algorithm.client_begin(ctx).params
-    for name in params:  # bit-identical: same operations, same order, same bases
-        assert torch.equal(caught_up[name], state.params[name])
-    assert len(encode(down)) < 4 * sum(v.numel() for v in params.values()) / 4  # far below a model
+    return algorithm, state, down, algorithm.client_begin(ctx).params
+
+
+@pytest.mark.parametrize("seeds", ["shared", "per_client"])
+def test_a_client_that_skipped_rounds_catches_up_bit_identically_with_and_without_the_cache(seeds):
+    results = {mib: run_with_a_skipping_client(seeds, mib) for mib in (0, 64)}
+    for mib, (algorithm, state, down, caught_up) in results.items():
+        assert down.meta["first_round"] == 1
+        # one contribution a round with shared bases, one per client and round with per-client seeds
+        rows = [1, 2, 3] if seeds == "shared" else [1, 1, 1, 2, 2, 3, 3]
+        assert down.arrays["rounds"].tolist() == rows
+        assert down.arrays["counts"].shape == (len(rows), len(algorithm.blocks))
+        for name in caught_up:  # bit-identical: same operations, same order, same bases
+            assert torch.equal(caught_up[name], state.params[name])
+        # 3 rounds of coordinates travel in fewer bytes than one model (1,440 bytes here)
+        assert len(encode(down)) < 4 * sum(v.numel() for v in caught_up.values())
+        # with the cache, every catch-up of a round the server reconstructed is one add
+        assert algorithm.cache.hits == (0 if mib == 0 else 3 + 2 * 2)
+    for name in results[0][3]:
+        assert torch.equal(results[0][3][name], results[64][3][name])
 
 
 def test_variable_length_uplinks_validate_against_none_dimensions():

@@ -3,17 +3,29 @@ Large Language Models", ICML 2025 (arXiv 2409.06277v3), Algorithm 1 with the blo
 projection of Eq. (8).
 
 Each round r:
-  1. (global aggregation, Alg. 1 line 3-5) a client replays the pooled coordinates of every round
-     it has not seen onto its own model, w <- w - eta_g sum_{l,k} gamma_{l,k} v_{l,k}: it catches up
-     from its state plus the server's coordinate history, never from a full model;
+  1. (global aggregation, Alg. 1 line 3-5) a client replays the coordinates of every round it has
+     not seen onto its own model, w <- w - eta_g sum gamma v: it catches up from its state plus the
+     server's coordinate history, never from a full model;
   2. (local update, line 6-8) T first-order steps from w_{r-1} (the engine's SGD);
   3. (projection, line 9-11) Delta = w_{r-1} - w_r, split into the blocks of ``group_blocks``; block l
      gets K_l bases (K_l proportional to ||Delta_l||, at least 2) and the client sends
      gamma_l = (rho_l K_l)^-1 V_l^T Delta_l: sum_l K_l numbers plus K_l per block.
-The server pools the coordinates of the clients (slot by slot: the bases of a round are shared,
-so this equals averaging their reconstructions, at a cost that does not grow with the number of
-clients) and applies w_r = w_{r-1} - eta_g sum_{l,k} pooled_{l,k} v_{l,k}, eta_g the global
-aggregation learning rate of Sec. 6.1.
+The server applies w_r = w_{r-1} - eta_g (1/N) sum_i Delta~_i, eta_g the global aggregation
+learning rate of Sec. 6.1.
+
+Whose bases (``seeds``):
+  * ``per_client``, Alg. 1 as written: client i projects on bases from its own stream, so the N
+    reconstruction errors are independent and the error of the average is
+    (1/N^2) sum_i e_i, e_i = ||Delta_i||^2 (mu4/rho^2 + d - 2) / K per block (shared_bases.py).
+    The server and every catching-up client reconstruct N sets of bases per round, and the
+    history holds N sets of coordinates per round.
+  * ``shared`` (default): all clients of a round project on the same bases, so the server pools
+    the coordinates slot by slot (exact: reconstruction is linear) and reconstructs once, and the
+    history holds one set per round: cost and downlink do not grow with N. The price is noise:
+    the error of the average is e(mean_i Delta_i), which equals the per-client error when the
+    updates are orthogonal with equal norms and is N times it when they are identical (a
+    federation whose clients agree is the worst case: 8 identical clients, relative squared
+    error 8x; tests/test_ferret.py checks both formulas, docs/benchmarks.md measures both).
 
 Where the official code (allen4747/Ferret) differs, this follows the paper:
   * it scales coordinates by d_l / K_l (about 1 / (3 rho_l K_l): a third of the unbiased value) and
@@ -21,9 +33,13 @@ Where the official code (allen4747/Ferret) differs, this follows the paper:
   * it clips every reconstructed piece to norm 10 (not in the paper: not done here);
   * it draws K seeds once for the whole run and lets each block pick K_l of them at random with
     Python's global RNG, reseeding the same seed for every block; here each round has fresh bases,
-    one stream per (round, block, slot), and block l uses slots 0..K_l-1 (one seed expanded into
-    K_l bases, as the paper says), which is unbiased and lets clients share bases;
-  * every simulated client deep-copies the server's model; here clients catch up as above.
+    one stream per (round, owner, block, slot), and block l uses slots 0..K_l-1 (one seed expanded
+    into K_l bases, as the paper says);
+  * its bases are truncated normals; the default here is uniform on the same interval
+    (``basis``): E[v v^T] = rho I exactly, the same error to O(1/d), cheaper to generate;
+  * every simulated client deep-copies the server's model; here clients catch up as above, from
+    the reconstructed rounds the simulation keeps (``replay_cache_mib``) or by regenerating them,
+    with bit-identical results.
 """
 
 from __future__ import annotations
@@ -50,16 +66,19 @@ from taciturn.algorithms.base import (
 )
 from taciturn.algorithms.replay import check_caught_up, held_model, model_state
 from taciturn.algorithms.shared_bases import (
+    Bases,
+    BasisKind,
     Block,
-    SharedBases,
+    Contribution,
+    RoundCache,
     allocate_bases,
+    apply_pieces,
     block_vector,
     group_blocks,
-    project,
-    reconstruct_into,
 )
 from taciturn.core.message import Message
 from taciturn.core.params import Params, clone, sub
+from taciturn.core.rng import SERVER
 
 
 class FerretConfig(AlgorithmConfig):
@@ -68,18 +87,43 @@ class FerretConfig(AlgorithmConfig):
         16, ge=2, description="K: the block with the largest update gets K bases, every block at least 2"
     )
     server_lr: float = Field(1.0, gt=0, description="eta_g, the global aggregation learning rate")
-    share_bases: bool = Field(
-        True, description="generate each round's bases once for all simulated clients and the server"
+    basis: BasisKind = Field(
+        "uniform",
+        description="element distribution of the bases on [-1/sqrt(d), 1/sqrt(d)]: uniform (cheapest) "
+        "or truncated_normal (the paper's); both unbiased, same error to O(1/d)",
     )
-    basis_cache_mib: int = Field(1024, ge=0, description="memory cap of the shared bases of two rounds")
+    seeds: Literal["shared", "per_client"] = Field(
+        "shared",
+        description="shared: one set of bases per round for all clients (cost independent of N, "
+        "up to N times the noise); per_client: each client its own (Alg. 1; N reconstructions a round)",
+    )
+    replay_cache_mib: int = Field(
+        1024, ge=0, description="memory cap of the reconstructed rounds kept for simulated catch-up"
+    )
 
 
 @dataclass
 class FerretState:
     params: Params  # w_r
-    history_counts: torch.Tensor  # int32 (rounds, L): slots pooled per block in rounds 1..r
-    history_coords: torch.Tensor  # float32 (rounds, L, K): the pooled coordinates (0 beyond the count)
+    # The coordinate history, one row per contribution (one per round with shared bases, one per
+    # client and round with per-client ones), in round order:
+    history_rounds: torch.Tensor  # int64 (C,): the round of the contribution
+    history_owners: torch.Tensor  # int64 (C,): whose bases (SERVER: the round's shared ones)
+    history_counts: torch.Tensor  # int32 (C, L): K_l per block
+    history_coords: torch.Tensor  # float32 (sum of counts,): the (weighted) coordinates
     synced: torch.Tensor  # int64 (N,): the latest round each client is known to hold
+
+
+def _by_round(
+    rounds: np.ndarray, owners: np.ndarray, counts: np.ndarray, coords: torch.Tensor
+) -> dict[int, list[Contribution]]:
+    out: dict[int, list[Contribution]] = {}
+    offset = 0
+    for round, owner, row in zip(rounds.tolist(), owners.tolist(), counts.astype(np.int64), strict=True):
+        size = int(row.sum())
+        out.setdefault(round, []).append(Contribution(owner, row.tolist(), coords[offset : offset + size]))
+        offset += size
+    return out
 
 
 class Ferret(Algorithm):
@@ -91,14 +135,14 @@ class Ferret(Algorithm):
         super().__init__(config)
         self.initial: Params | None = None
         self.blocks: list[Block] = []
-        self._bases: SharedBases | None = None
+        self._bases: Bases | None = None
+        self.cache = RoundCache(config.replay_cache_mib * 2**20)
 
     @property
-    def bases(self) -> SharedBases:
+    def bases(self) -> Bases:
         if self._bases is None:
             assert self.streams is not None, "Ferret needs the run's streams (Federation gives them)"
-            cache = self.config.basis_cache_mib * 2**20 if self.config.share_bases else 0
-            self._bases = SharedBases(self.streams, cache)
+            self._bases = Bases(self.streams, self.config.basis)
         return self._bases
 
     # ----- server -----
@@ -106,36 +150,35 @@ class Ferret(Algorithm):
         # w_0 is what every client holds before the federation starts (the pretrained model).
         self.initial = clone(params)
         self.blocks = group_blocks(params)
-        L, K = len(self.blocks), self.config.max_bases_per_block
         return FerretState(
             clone(params),
-            torch.zeros((0, L), dtype=torch.int32),
-            torch.zeros((0, L, K), dtype=torch.float32),
+            torch.zeros(0, dtype=torch.int64),
+            torch.zeros(0, dtype=torch.int64),
+            torch.zeros((0, len(self.blocks)), dtype=torch.int32),
+            torch.zeros(0, dtype=torch.float32),
             torch.zeros(num_clients, dtype=torch.int64),
         )
 
     def downlink(self, state: FerretState, round: int, clients: Sequence[int]) -> dict[int, Message]:
-        """The pooled coordinates of every round since the last one the client is known to hold."""
+        """The coordinates of every round since the last one the client is known to hold."""
         by_start: dict[int, Message] = {}  # clients in the same position share one message
         out = {}
         for client in clients:
             start = int(state.synced[client]) + 1
             if start not in by_start:
-                by_start[start] = self._history_message(state, start, round - 1)
+                by_start[start] = self._history_message(state, start)
             out[client] = by_start[start]
         return out
 
-    def _history_message(self, state: FerretState, first: int, last: int) -> Message:
-        counts = state.history_counts[first - 1 : last]
-        coords = [
-            row[l, : int(k)]
-            for row, ks in zip(state.history_coords[first - 1 : last], counts, strict=True)
-            for l, k in enumerate(ks)
-        ]
+    def _history_message(self, state: FerretState, first: int) -> Message:
+        row = int(torch.searchsorted(state.history_rounds, first))
+        offset = int(state.history_counts[:row].sum())
         return Message(
             {
-                "counts": counts.numpy().astype(np.uint16),
-                "coords": (torch.cat(coords) if coords else torch.zeros(0)).numpy(),
+                "rounds": state.history_rounds[row:].numpy().astype(np.uint32),
+                "owners": state.history_owners[row:].numpy().astype(np.int32),
+                "counts": state.history_counts[row:].numpy().astype(np.uint16),
+                "coords": state.history_coords[offset:].numpy(),
             },
             {"first_round": first},
         )
@@ -155,32 +198,58 @@ class Ferret(Algorithm):
         return positive_count(message, "num_samples")
 
     def aggregate(self, state: FerretState, round: int, arrivals: Sequence[Arrival]) -> FerretState:
-        L, K = len(self.blocks), self.config.max_bases_per_block
-        pooled = torch.zeros(L, K)
-        pooled_counts = torch.zeros(L, dtype=torch.int32)
-        for arrival in arrivals:  # Alg. 1 line 4: (1/N) sum_i over the clients heard from
-            counts = arrival.message.arrays["counts"].astype(np.int64)
-            coords = torch.from_numpy(arrival.message.arrays["coords"])
-            for l, piece in enumerate(torch.split(coords, counts.tolist())):
-                pooled[l, : len(piece)] += piece / len(arrivals)
-            pooled_counts = torch.maximum(pooled_counts, torch.from_numpy(counts.astype(np.int32)))
+        """Alg. 1 line 4: w_r = w_{r-1} - eta_g (1/N) sum_i Delta~_i over the N clients heard from."""
+        arrivals = sorted(arrivals, key=lambda a: a.client)
+        uplinks = [
+            Contribution(
+                a.client,
+                a.message.arrays["counts"].astype(np.int64).tolist(),
+                torch.from_numpy(a.message.arrays["coords"]) / len(arrivals),
+            )
+            for a in arrivals
+        ]
+        if self.config.seeds == "per_client" or not uplinks:
+            contributions = uplinks
+        else:  # shared bases: pool slot by slot, which equals averaging the reconstructions
+            L, K = len(self.blocks), self.config.max_bases_per_block
+            pooled = torch.zeros(L, K)
+            for uplink in uplinks:
+                for l, piece in enumerate(uplink.by_block()):
+                    pooled[l, : len(piece)] += piece
+            counts = np.max([u.counts for u in uplinks], axis=0).tolist()
+            flat = torch.cat([pooled[l, :k] for l, k in enumerate(counts)])
+            contributions = [Contribution(SERVER, counts, flat)]
         params = state.params
-        if arrivals:
+        if contributions:
             params = clone(params)
-            flat = torch.cat([pooled[l, : int(k)] for l, k in enumerate(pooled_counts)])
-            self._apply(params, round, pooled_counts.tolist(), flat)
+            self._apply(params, round, contributions)
         synced = state.synced.clone()
         synced[[a.client for a in arrivals]] = round - 1  # an uplink proves the downlink arrived
         return FerretState(
             params,
-            torch.cat([state.history_counts, pooled_counts[None]]),
-            torch.cat([state.history_coords, pooled[None]]),
+            torch.cat([state.history_rounds, torch.full((len(contributions),), round, dtype=torch.int64)]),
+            torch.cat(
+                [state.history_owners, torch.tensor([c.owner for c in contributions], dtype=torch.int64)]
+            ),
+            torch.cat(
+                [
+                    state.history_counts,
+                    torch.tensor([list(c.counts) for c in contributions], dtype=torch.int32),
+                ]
+                if contributions
+                else [state.history_counts]
+            ),
+            torch.cat([state.history_coords, *(c.coords for c in contributions)]),
             synced,
         )
 
-    def _apply(self, params: Params, round: int, counts: list[int], coords: torch.Tensor) -> None:
-        """w <- w - eta_g sum_{l,k} pooled_{l,k} v_{l,k}: the server's step and every catch-up."""
-        reconstruct_into(params, self.blocks, counts, coords, self.bases, round, -self.config.server_lr)
+    def _apply(self, params: Params, round: int, contributions: Sequence[Contribution]) -> None:
+        """w <- w - eta_g sum_c sum_{l,k} coords_{c,l,k} v_{c,l,k}: the server's step and every catch-up."""
+        pieces = self.cache.get(round)
+        if pieces is None:
+            pieces = self.bases.reconstruct(self.blocks, contributions, round)
+            self.cache.put(round, pieces)
+        apply_pieces(params, self.blocks, pieces, -self.config.server_lr)
 
     def global_params(self, state: FerretState) -> Params:
         return state.params
@@ -191,16 +260,16 @@ class Ferret(Algorithm):
             return ClientOutput(uplink=None)
         assert self.initial is not None, "init_server runs before any client"
         held, params = held_model(ctx.state, self.initial)
-        first = int(ctx.received.meta["first_round"])
-        coords = torch.from_numpy(ctx.received.arrays["coords"])
-        offset = 0
-        for i, row in enumerate(ctx.received.arrays["counts"].astype(np.int64).tolist()):
-            round, size = first + i, sum(row)
-            if round > held:  # rounds the client already holds (its last uplink was lost) are skipped
-                check_caught_up(ctx.client, held, round)
-                self._apply(params, round, row, coords[offset : offset + size])
-                held = round
-            offset += size
+        arrays = ctx.received.arrays
+        history = _by_round(
+            arrays["rounds"], arrays["owners"], arrays["counts"], torch.from_numpy(arrays["coords"])
+        )
+        # rounds the client already holds (its last uplink was lost) are skipped
+        for round in range(max(int(ctx.received.meta["first_round"]), held + 1), ctx.round):
+            check_caught_up(ctx.client, held, round)
+            if round in history:  # a round nobody was heard from changed nothing
+                self._apply(params, round, history[round])
+            held = round
         check_caught_up(ctx.client, held, ctx.round)
         return LocalTraining(params=params, consts={})
 
@@ -208,7 +277,8 @@ class Ferret(Algorithm):
         delta = sub(work.params, result.params)  # Alg. 1 line 9: Delta = w_{r-1} - w_r (old - new)
         norms = [float(block_vector(delta, b).norm()) for b in self.blocks]
         counts = allocate_bases(norms, self.config.max_bases_per_block)
-        coords = project(delta, self.blocks, counts, self.bases, ctx.round)
+        owner = SERVER if self.config.seeds == "shared" else ctx.client
+        coords = self.bases.project(delta, self.blocks, counts, ctx.round, owner)
         uplink = Message(
             {"counts": np.array(counts, np.uint16), "coords": coords.numpy()},
             {"num_samples": ctx.num_samples, **loss_meta(result)},

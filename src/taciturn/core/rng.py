@@ -36,7 +36,13 @@ class Streams:
 
     def seed_for(self, round: int, client: int, purpose: str) -> int:
         """A 63-bit integer seed, for libraries that take a seed rather than a generator."""
-        return int(self._sequence(round, client, purpose).generate_state(1, np.uint64)[0] >> np.uint64(1))
+        return self.seeds_for(round, client, purpose, 1)[0]
+
+    def seeds_for(self, round: int, client: int, purpose: str, n: int) -> list[int]:
+        """n 63-bit seeds from one stream, each the first of ``n + 1``'s (a prefix stays a prefix):
+        one SeedSequence instead of n, for many generators of one purpose (Ferret's K_l bases)."""
+        state = self._sequence(round, client, purpose).generate_state(n, np.uint64) >> np.uint64(1)
+        return [int(seed) for seed in state]
 
     def torch(self, round: int, client: int, purpose: str) -> torch.Generator:
         return torch.Generator().manual_seed(self.seed_for(round, client, purpose))
