@@ -61,6 +61,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from taciturn.experiments.export import export
+
+    path = export(_existing_run(args.run).path, Path(args.out), args.format, args.round)
+    console.print(f"exported: [bold]{path}[/]")
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from taciturn.experiments import types
 
@@ -127,9 +135,26 @@ def _print_summary(rundir) -> None:
         console.print(f"report: [bold]{rundir.report}[/]")
 
 
+USAGE = """Federated learning that counts every byte: run a federation from a TOML config, resume it,
+report on it, compare runs, export the trained model.
+
+  taciturn demo                         FedAvg and event-based ADMM on Fashion-MNIST, in one report
+  taciturn run CONFIG.toml              a run into runs/<name>: metrics, ledger, checkpoints, report.html
+  taciturn resume RUN_DIR               continue from the last checkpoint
+  taciturn export RUN_DIR --out m.safetensors   the trained model, for model.load_state_dict
+
+Your own model and data: model.factory = "package.module:function" in the config, or
+taciturn.run(config, model=..., data=...) from Python (docs/guide.md)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="taciturn", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    from taciturn import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="taciturn", description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"taciturn {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run an experiment from a TOML config")
     run.add_argument("config", type=Path)
@@ -154,6 +179,20 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("run")
     resume.add_argument("--quiet", action="store_true")
     resume.set_defaults(func=cmd_resume)
+
+    export = sub.add_parser(
+        "export", help="write a run's trained model: a safetensors state_dict or a Hugging Face folder"
+    )
+    export.add_argument("run")
+    export.add_argument("--out", required=True, help="the file (state_dict) or folder (hf) to write")
+    export.add_argument(
+        "--format",
+        choices=["state_dict", "hf"],
+        default="state_dict",
+        help="state_dict: safetensors for model.load_state_dict; hf: save_pretrained (Hugging Face models)",
+    )
+    export.add_argument("--round", type=int, help="a kept checkpoint's round (default: the last)")
+    export.set_defaults(func=cmd_export)
 
     report = sub.add_parser("report", help="rebuild plots and report.html of run directories")
     report.add_argument("runs", nargs="+")

@@ -400,7 +400,8 @@ def _resolve(loc: tuple, root: type[BaseModel]) -> tuple[list[str], type[BaseMod
         union = typing.get_origin(annotation) in (Union, types.UnionType)
         members = [a for a in typing.get_args(annotation) if a is not type(None)] if union else [annotation]
         tagged = _member_for_tag(members, parts[0])
-        if tagged is not None and parts[0] not in tagged.model_fields:
+        # the tag pydantic puts before a key (a tag may also name a key: model.factory)
+        if tagged is not None and (parts[0] not in tagged.model_fields or len(parts) > 1):
             parts.pop(0)
             current = tagged
         else:

@@ -126,7 +126,7 @@ def build_task(
             model = build_model(config.model.kind, dataset.input_shape, outputs, **model_options)
         except ValueError as error:
             raise ConfigError(f"[model] {error} (data {dataset.name}: input {dataset.input_shape})") from None
-    check_fit(model, dataset, loss, outputs)
+    shape = check_fit(model, dataset, loss, outputs)
     try:
         if loss is None and not objects.metrics:
             task_class = squared_error.SquaredErrorTask if squared else ClassificationTask
@@ -134,7 +134,7 @@ def build_task(
                 model, dataset.x_test, dataset.y_test, config.eval.batch_size, reinit=not own_model
             )
         else:
-            metrics = default_metrics(dataset, loss, objects.metrics)
+            metrics = default_metrics(dataset, shape, objects.metrics)
             task = CustomTask(
                 model,
                 dataset.x_test,
@@ -175,6 +175,8 @@ def prepare(
             f"[algorithm.name] '{algorithm.name}' cannot federate a model with buffers (e.g. BatchNorm "
             f"statistics: {', '.join(sorted(task.buffers)[:3])}); use 'fedavg', or a model without them"
         )
+    if getattr(task, "buffers", None) and config.analysis.enabled:
+        raise ConfigError("[analysis] does not handle models with buffers (BatchNorm statistics) yet")
     ledger = ledger or Ledger()
     channel = Channel(ledger, streams, config.channel.drop_up, config.channel.drop_down)
     federation, store, engine_note = build_federation(config, algorithm, task, data, channel, streams, out)

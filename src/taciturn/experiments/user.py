@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from taciturn.core.rng import SERVER, Streams
@@ -98,8 +97,11 @@ def user_loss(config: RunConfig, objects: UserObjects) -> Callable | None:
     return load_callable(config.loss, "loss")
 
 
-def check_fit(model: nn.Module, dataset: ArrayDataset, loss: Callable | None, outputs_needed: int) -> None:
-    """One forward pass on two samples (and the loss on it), so a mismatch fails before round 1."""
+def check_fit(
+    model: nn.Module, dataset: ArrayDataset, loss: Callable | None, outputs_needed: int
+) -> tuple[int, ...]:
+    """One forward pass on two samples (and the loss on it), so a mismatch fails before round 1;
+    returns the shape of one sample's outputs."""
     was_training = model.training
     model.eval()
     x, y = dataset.x_train[:2], dataset.y_train[:2]
@@ -128,7 +130,7 @@ def check_fit(model: nn.Module, dataset: ArrayDataset, loss: Callable | None, ou
                 f"[model] outputs of shape {tuple(out.shape[1:])} for {dataset.num_classes} classes: "
                 f"the model needs {outputs_needed} outputs per sample"
             )
-        return
+        return tuple(out.shape[1:])
     try:
         value = loss(out, y)
     except Exception as error:
@@ -137,12 +139,14 @@ def check_fit(model: nn.Module, dataset: ArrayDataset, loss: Callable | None, ou
         ) from None
     if not isinstance(value, torch.Tensor) or value.ndim != 0:
         raise ConfigError("[loss] the loss must return a scalar tensor (the batch mean)")
+    return tuple(out.shape[1:])
 
 
-def default_metrics(dataset: ArrayDataset, loss: Callable | None, metrics: Mapping[str, Callable]) -> dict:
-    """Classification keeps its accuracy when the user adds metrics or a loss."""
+def default_metrics(
+    dataset: ArrayDataset, outputs: tuple[int, ...], metrics: Mapping[str, Callable]
+) -> dict[str, Callable]:
+    """Classification (class labels, a score per class) keeps its accuracy beside the user's metrics."""
     from taciturn.tasks.custom import accuracy
 
-    return ({"accuracy": accuracy} if dataset.num_classes and loss in (None, F.cross_entropy) else {}) | dict(
-        metrics
-    )
+    scores = dataset.num_classes and len(outputs) == 1 and outputs[0] >= dataset.num_classes
+    return ({"accuracy": accuracy} if scores else {}) | dict(metrics)

@@ -1,0 +1,198 @@
+"""Models with buffers (BatchNorm): running statistics federated with the weights (issue 15)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+
+import taciturn
+from taciturn.experiments.config import ConfigError
+
+
+def bn_mlp(seed=0, features=5, hidden=4, classes=2):
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Linear(features, hidden), nn.BatchNorm1d(hidden), nn.ReLU(), nn.Linear(hidden, classes)
+    )
+
+
+def two_classes(n0=120, n1=80, features=5):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(n0 + n1, features, generator=g)
+    y = torch.cat([torch.zeros(n0, dtype=torch.long), torch.ones(n1, dtype=torch.long)])
+    x[y == 1] += 1.5
+    return x, y
+
+
+def test_running_statistics_are_averaged_weighted_by_samples(tmp_path):
+    """One full-batch step per client: client k's running mean is 0.9 * 0 + 0.1 * mean_k(h) and its
+    running variance 0.9 * 1 + 0.1 * var_k(h) (unbiased), h the first layer at the start weights;
+    the server holds their n_k-weighted averages (McMahan et al.'s FedAvg applied to every tensor)."""
+    x, y = two_classes()
+    config = {
+        "rounds": 1,
+        "partition": {"kind": "one_class", "num_clients": 2},  # client k holds class k: 120 and 80 samples
+        "algorithm": {"fraction": 1.0, "local": {"steps": 1, "batch_size": 1000, "lr": 0.1}},
+        "engine": {"executor": "sequential"},
+    }
+    start = bn_mlp()
+    result = taciturn.run(
+        config, model=start, data=(x, y, x[:10], y[:10]), out=tmp_path / "run", report=False
+    )
+    with torch.no_grad():
+        h = start[0](x)
+    n = torch.tensor([120.0, 80.0])
+    means = torch.stack([h[y == k].mean(0) for k in (0, 1)])
+    variances = torch.stack([h[y == k].var(0, unbiased=True) for k in (0, 1)])
+    expected_mean = (n[:, None] * 0.1 * means).sum(0) / n.sum()
+    expected_var = (n[:, None] * (0.9 + 0.1 * variances)).sum(0) / n.sum()
+    trained = result.model[1]
+    assert torch.allclose(trained.running_mean, expected_mean, atol=1e-6)
+    assert torch.allclose(trained.running_var, expected_var, atol=1e-6)
+    # Evaluation uses the averaged statistics (eval mode), not the test batch's.
+    with torch.no_grad():
+        assert result.metrics[-1]["loss"] == pytest.approx(
+            float(F.cross_entropy(result.model(x[:10]), y[:10])), rel=1e-5
+        )
+
+
+class SmallCnn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8 * 4 * 4, 10)
+
+    def forward(self, x):
+        return self.fc(F.max_pool2d(F.relu(self.bn(self.conv(x))), 2).flatten(1))
+
+
+def test_a_batchnorm_cnn_on_iid_data_reaches_its_centralized_twin(tmp_path):
+    """FedAvg, 4 IID clients all taking part, 4 local epochs per round, against the same model
+    trained centrally with the same optimizer for as many epochs as each client ran: within 2
+    accuracy points (on this seed: 96.9% federated, 98.3% centralized)."""
+    rounds, epochs, lr, batch = 8, 4, 0.2, 64
+    config = {
+        "seed": 1,
+        "rounds": rounds,
+        "data": {"dataset": "digits"},
+        "partition": {"kind": "iid", "num_clients": 4},
+        "algorithm": {"fraction": 1.0, "local": {"epochs": epochs, "batch_size": batch, "lr": lr}},
+        "eval": {"every": rounds},
+        "checkpoint": {"every": rounds},
+        "engine": {"executor": "sequential"},
+    }
+    torch.manual_seed(0)
+    model = SmallCnn()
+    twin = SmallCnn()
+    twin.load_state_dict(model.state_dict())
+    result = taciturn.run(config, model=model, out=tmp_path / "fed", report=False)
+    from taciturn.data.digits import load
+    from taciturn.experiments.config import validate
+    from taciturn.experiments.runner import Streams
+
+    digits = load(Streams(validate(config, "<test>").seed).numpy(0, -1, "data"))
+    optimizer = torch.optim.SGD(twin.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(rounds * epochs):
+        twin.train()
+        for idx in torch.randperm(len(digits.y_train), generator=g).split(batch):
+            optimizer.zero_grad()
+            F.cross_entropy(twin(digits.x_train[idx]), digits.y_train[idx]).backward()
+            optimizer.step()
+    twin.eval()
+    with torch.no_grad():
+        central = float((twin(digits.x_test).argmax(1) == digits.y_test).float().mean())
+    federated = result.metrics[-1]["accuracy"]
+    assert central > 0.9  # the twin learned: the comparison means something
+    assert abs(federated - central) <= 0.02, (federated, central)
+
+
+class BasicBlock(nn.Module):
+    """He et al., "Deep Residual Learning for Image Recognition", CVPR 2016: the ResNet-18 block."""
+
+    def __init__(self, inputs, outputs, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inputs, outputs, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(outputs)
+        self.conv2 = nn.Conv2d(outputs, outputs, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(outputs)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or inputs != outputs:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(inputs, outputs, 1, stride, bias=False), nn.BatchNorm2d(outputs)
+            )
+
+    def forward(self, x):
+        return F.relu(self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x))))) + self.shortcut(x))
+
+
+def resnet18_style(width=4, classes=10):
+    """ResNet-18's layout (four stages of two basic blocks) at 1/16 of its width."""
+    layers, inputs = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()], width
+    for stage, stride in enumerate((1, 2, 2, 2)):
+        outputs = width * 2**stage
+        layers += [BasicBlock(inputs, outputs, stride), BasicBlock(outputs, outputs, 1)]
+        inputs = outputs
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(inputs, classes))
+
+
+def test_a_resnet18_style_model_trains_a_round_and_exports(tmp_path):
+    torch.manual_seed(0)
+    x, y = torch.randn(48, 3, 16, 16), torch.arange(48) % 10
+    config = {
+        "rounds": 1,
+        "partition": {"kind": "iid", "num_clients": 3},
+        "algorithm": {"fraction": 1.0, "local": {"steps": 1, "batch_size": 8, "lr": 0.05}},
+        "engine": {"executor": "sequential"},
+    }
+    start = resnet18_style()
+    result = taciturn.run(
+        config, model=start, data=(x[:40], y[:40], x[40:], y[40:]), out=tmp_path / "r", report=False
+    )
+    assert math.isfinite(result.metrics[-1]["loss"])
+    trained = result.model
+    assert not torch.equal(trained[1].running_mean, start[1].running_mean)  # statistics federated
+    path = taciturn.export(result.dir, tmp_path / "resnet.safetensors")
+    fresh = resnet18_style()
+    fresh.load_state_dict(load_file(str(path)))  # strict, num_batches_tracked included
+    for name, tensor in trained.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], tensor), name
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"algorithm": {"name": "scaffold"}},
+            r"\[algorithm.name\] 'scaffold' cannot federate a model with buffers",
+        ),
+        (
+            {"engine": {"executor": "vectorized"}},
+            r"\[engine.executor\] 'vectorized' trains clients under vmap",
+        ),
+    ],
+)
+def test_combinations_that_cannot_federate_buffers_are_refused_before_work(tmp_path, overrides, message):
+    x, y = two_classes()
+    config = {
+        "rounds": 1,
+        "partition": {"kind": "iid", "num_clients": 2},
+        "engine": {"executor": "sequential"},
+    }
+    with pytest.raises(ConfigError, match=message):
+        taciturn.run(
+            config | overrides, model=bn_mlp(), data=(x, y, x, y), out=tmp_path / "run", report=False
+        )
+    assert not (tmp_path / "run").exists()
+
+
+def test_batchnorm_with_a_cumulative_average_is_refused(tmp_path):
+    x, y = two_classes()
+    model = nn.Sequential(nn.Linear(5, 4), nn.BatchNorm1d(4, momentum=None), nn.Linear(4, 2))
+    with pytest.raises(ConfigError, match=r"BatchNorm with momentum=None"):
+        config = {"rounds": 1, "partition": {"kind": "iid", "num_clients": 2}}
+        taciturn.run(config, model=model, data=(x, y, x, y), out=tmp_path / "run", report=False)
