@@ -25,6 +25,7 @@ from taciturn.algorithms.base import (
     Loss,
     TrainResult,
 )
+from taciturn.attacks.poisoning import ModelPoisoning
 from taciturn.core.channel import Channel
 from taciturn.core.ledger import Direction
 from taciturn.core.message import Message
@@ -70,6 +71,7 @@ class ClientPipeline:
         trust: TrustConfig | None = None,
         buffers: frozenset[str] = frozenset(),
         per_client: bool = False,
+        poisoning: ModelPoisoning | None = None,
     ):
         self.algorithm = algorithm
         self.buffers = buffers  # parameter names local training updates without a gradient
@@ -79,6 +81,7 @@ class ClientPipeline:
         # The server chain needs every update (server/aggregation.py): parts carry the arrivals
         # themselves instead of the algorithm's partial sums.
         self.per_client = per_client
+        self.poisoning = poisoning  # simulated attackers' uplinks (attacks/poisoning.py), if any
         algorithm.use_streams(streams)  # before any worker forks: every copy of the algorithm has them
         self.trust = TrustedWeights(trust or TrustConfig(), data)
         algorithm.use_population(data.num_clients, self.trust.total())
@@ -136,7 +139,7 @@ class ClientPipeline:
         return self._collect(round, contexts, outputs, spec)
 
     def _collect(self, round, contexts, outputs, spec) -> RoundPart:
-        part, arrivals = RoundPart(accumulated=None), []
+        part, arrivals, uplinks = RoundPart(accumulated=None), [], []
         for ctx, output in zip(contexts, outputs, strict=True):
             if isinstance(output, Exception):
                 part.failed.append((ctx.client, f"{type(output).__name__}: {output}"))
@@ -146,21 +149,24 @@ class ClientPipeline:
                 part.client_info[ctx.client] = dict(output.info)
             if output.state is not None:
                 self.store.put(ctx.client, output.state)
-            if output.uplink is None:
-                continue
-            arrived = self.channel.send(Direction.UP, round, ctx.client, output.uplink)
+            if output.uplink is not None:
+                uplinks.append((ctx.client, output.uplink))
+        if self.poisoning is not None:
+            uplinks = self.poisoning.forge(round, uplinks)
+        for client, uplink in uplinks:
+            arrived = self.channel.send(Direction.UP, round, client, uplink)
             if arrived is None:
                 continue
             reason = uplink_problem(arrived, spec) or self.algorithm.check_uplink_meta(arrived)
             if reason is not None:
-                log.warning("round %d: rejected the update of client %d: %s", round, ctx.client, reason)
-                part.rejected.append((ctx.client, reason))
+                log.warning("round %d: rejected the update of client %d: %s", round, client, reason)
+                part.rejected.append((client, reason))
                 continue
-            arrived = self.trust.apply(ctx.client, arrived)
-            part.accepted.append(ctx.client)
+            arrived = self.trust.apply(client, arrived)
+            part.accepted.append(client)
             if isinstance(loss := arrived.meta.get("train_loss"), float):
                 part.losses.append(loss)
-            arrivals.append(Arrival(ctx.client, arrived))
+            arrivals.append(Arrival(client, arrived))
         part.accumulated = self.accumulate(arrivals)
         if self.keep_arrivals:
             part.arrivals = arrivals

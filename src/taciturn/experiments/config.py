@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from taciturn.algorithms import REGISTRY
 from taciturn.algorithms.base import StrictModel
+from taciturn.attacks.config import AttackConfig
 from taciturn.core.errors import TaciturnError
 from taciturn.engine.analysis import AnalysisConfig
 from taciturn.engine.trust import TrustConfig
@@ -298,6 +299,7 @@ class RunConfig(StrictModel):
     analysis: AnalysisConfig = AnalysisConfig()
     server: TrustConfig = TrustConfig()
     aggregation: AggregationConfig = AggregationConfig()
+    attack: AttackConfig = AttackConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -335,6 +337,17 @@ class RunConfig(StrictModel):
                 "[analysis] needs every client's update in this process; use engine.executor = "
                 "'sequential', 'vectorized' or 'auto' (parallel workers send back only their reduced share)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _colluding_attackers_in_one_process(self) -> RunConfig:
+        if self.attack.colluding and self.engine.executor.startswith("parallel"):
+            raise ValueError(
+                f"attack.kind = '{self.attack.kind}': the attackers read every honest update of the round; "
+                "use engine.executor = 'sequential', 'vectorized' or 'auto'"
+            )
+        if self.attack.kind == "label_flip" and self.data.dataset == "instructions":
+            raise ValueError("attack.kind = 'label_flip' needs a classification dataset")
         return self
 
     @model_validator(mode="after")

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from taciturn.algorithms.base import Algorithm
+from taciturn.attacks.poisoning import ModelPoisoning, pick_attackers
 from taciturn.core.channel import Channel
 from taciturn.core.disk_store import DiskStateStore
 from taciturn.core.rng import Streams
@@ -43,6 +44,8 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
         )
     if engine.executor == "auto" and config.analysis.enabled:
         return choice.Choice("sequential", 0, "[analysis] reads every client's trained model")
+    if engine.executor == "auto" and config.attack.colluding:
+        return choice.Choice("sequential", 0, "the simulated attackers read every honest update")
     if engine.executor != "auto":
         workers = engine.workers or choice.available_cores()
         return choice.Choice(
@@ -96,6 +99,10 @@ def build_federation(
     if config.engine.threads:
         torch.set_num_threads(config.engine.threads)
     picked = choose_executor(config, algorithm, task, data)
+    poisoning = None
+    if config.attack.active and config.attack.kind != "label_flip":
+        attackers = pick_attackers(config.attack.fraction, data.num_clients, streams)
+        poisoning = ModelPoisoning(config.attack, attackers, streams)
     store = build_store(config, algorithm, picked, out, data.num_clients)
     pipeline = ClientPipeline(
         algorithm,
@@ -108,6 +115,7 @@ def build_federation(
         trust=config.server,
         buffers=getattr(task, "buffers", frozenset()),
         per_client=config.aggregation.per_client,
+        poisoning=poisoning,
     )
     executor = build_executor(picked.executor, picked.workers, pipeline)
     if picked.challenger is not None:

@@ -18,6 +18,8 @@ from typing import Any
 import torch.nn.functional as F
 
 from taciturn.algorithms import Algorithm, build_algorithm
+from taciturn.attacks.label_flip import flip_labels
+from taciturn.attacks.poisoning import pick_attackers
 from taciturn.core.channel import Channel
 from taciturn.core.ledger import Direction, Ledger
 from taciturn.core.rng import SERVER, Streams
@@ -169,6 +171,10 @@ def prepare(
 ) -> Experiment:
     streams = Streams(config.seed)
     task, data = build_task(config, streams, objects)
+    if config.attack.active and config.attack.kind == "label_flip":
+        if not isinstance(data, FederatedData):
+            raise ConfigError("[attack] label_flip needs a classification dataset")
+        data = flip_labels(data, pick_attackers(config.attack.fraction, data.num_clients, streams))
     algorithm = build_algorithm(config.algorithm)
     if getattr(task, "buffers", None) and not algorithm.averages_buffers:
         raise ConfigError(
