@@ -1,13 +1,27 @@
 """Event-based ADMM against FedAvg, FedProx, SCAFFOLD and FedADMM on Fashion-MNIST.
 
 Reproduces the comparison of Er, Trimpe, Muehlebach (ICML 2025): communication events needed to
-reach target accuracies, accuracy against total load, and runs with dropped messages
-(research/event_admm.md, Sec. 5). Every run is a normal taciturn run directory under
-benchmarks/runs/event_admm/ (compare any two with `taciturn compare`).
+reach target accuracies, accuracy against events, and runs with dropped messages
+(research/event_admm.md, Sec. 5), measured fairly (issue 19):
 
-    python benchmarks/event_admm.py --quick          # about a minute: the same code at tiny scale
-    python benchmarks/event_admm.py                  # settings A and B, writes results and docs
-    python benchmarks/event_admm.py --settings A --seeds 3
+* Equal tuning budgets (sweep.py): every method is tuned over a grid of the same size on the knob
+  that matters to it: participation C for FedAvg, FedProx and SCAFFOLD; rho x C for FedADMM;
+  rho x trigger quantile for each event-based variant (constant Delta, randomized, decreasing
+  Delta, Delta_z on its own axis, and the two per-agent triggers of event_admm.py, ``relative``
+  and ``progress``). The Delta = 0 runs that calibrate the thresholds (one per rho and seed) are
+  extra runs of the event family and are never candidates in the tables.
+* Seeds: every configuration runs ``--seeds`` times (default 3). A method's configuration for a
+  target is the one with the fewest mean events among those that reach it in every seed; the
+  tables give its mean and 95% t-interval (intervals.py) over seeds.
+* A target counts as reached at the first evaluation whose trailing mean over ``SMOOTH``
+  evaluations reaches it (one noisy round above the target is not reaching it).
+* Conclusions (savings) are printed only where the 95% intervals separate.
+
+Every run is a normal taciturn run directory under benchmarks/runs/event_admm/ (compare any two
+with `taciturn compare`).
+
+    python benchmarks/event_admm.py --quick          # smoke run: the same code at tiny scale
+    python benchmarks/event_admm.py                  # settings A and B, 3 seeds, results and docs
 
 Accounting: one communication event is one model-sized vector sent to or from one agent
 (SCAFFOLD's messages carry two vectors, so they count two). Load = events / (2 N T).
@@ -29,8 +43,10 @@ from typing import Any
 import numpy as np
 import torch
 from docs_section import markdown_table, replace_section
+from intervals import separated, t_interval
 from rich.console import Console
 from rich.table import Table
+from sweep import Grid, budget, grid
 
 from taciturn.core.params import norm, sub
 from taciturn.experiments.config import to_toml, validate
@@ -48,9 +64,17 @@ CODE_VERSION = hashlib.sha256(
     b"".join(p.read_bytes() for p in sorted((ROOT / "src" / "taciturn").rglob("*.py")))
 ).hexdigest()
 BASELINES = ("fedavg", "fedprox", "scaffold", "fedadmm")
-EVENT = ("event_admm", "event_admm_randomized")
+# Event-based variants: (trigger, lucky fraction, Delta decay, Delta_z rule)
+EVENT = {
+    "event_admm": ("absolute", 0.0, 1.0, "same"),  # the paper's vanilla Alg. 1, constant Delta
+    "event_admm_randomized": ("absolute", 0.2, 1.0, "same"),  # a fifth of agents get z when silent
+    "event_admm_decay": ("absolute", 0.0, DECAY := 0.98, "same"),  # Delta_k = Delta 0.98^(k-1)
+    "event_admm_dz": ("absolute", 0.0, 1.0, "own"),  # Delta at the median, Delta_z at the quantile
+    "event_admm_relative": ("relative", 0.0, 1.0, "same"),  # ||v - last|| >= Delta ||last||
+    "event_admm_progress": ("progress", 0.0, 1.0, "same"),  # ||v - last|| / N >= Delta ||z step||
+}
 METHODS = (*EVENT, *BASELINES)
-LUCKY_FRACTION = 0.2  # the randomized variant: share of agents sent z when the server is silent
+SMOOTH = 3  # evaluations in the trailing mean that must reach a target
 
 
 def setting_a(quick: bool) -> dict[str, Any]:
@@ -62,11 +86,11 @@ def setting_a(quick: bool) -> dict[str, Any]:
         "partition": {"kind": "one_class", "num_clients": 10},
         "model": {"kind": "mlp", "hidden": [200]},
         "local": {"epochs": 1, "batch_size": 256, "lr": 0.01, "momentum": 0.9},
-        "rho_event": 1.0,
-        "rho_fedadmm": 0.01,
+        "rho_grid": [0.1, 1.0] if quick else [0.01, 0.1, 1.0],
         "fractions": [0.5, 1.0] if quick else [0.1, 0.2, 0.3, 0.5, 0.7, 1.0],
-        "quantiles": [0.5] if quick else [0.1, 0.3, 0.5, 0.7, 0.85, 0.95],
-        "target_offsets": [0.10, 0.05, 0.02],  # below the full-communication ceiling
+        "fedadmm_fractions": [1.0] if quick else [0.5, 1.0],  # x rho_grid: as many as "fractions"
+        "quantiles": [0.5] if quick else [0.5, 0.9],  # x rho_grid: as many as "fractions"
+        "target_offsets": [0.10, 0.05, 0.02, 0.01],  # below the best mean accuracy of any configuration
     }
 
 
@@ -79,25 +103,48 @@ def setting_b(quick: bool) -> dict[str, Any]:
         "partition": {"kind": "dirichlet", "num_clients": 10 if quick else 100, "alpha": 0.5, "min_size": 10},
         "model": {"kind": "mlp", "hidden": [200]},
         "local": {"epochs": 3, "batch_size": 20, "lr": 0.01, "momentum": 0.9},
-        "rho_event": 0.01,
-        "rho_fedadmm": 0.01,
-        "fractions": [0.5] if quick else [0.1, 0.3, 1.0],  # CPU budget: C = 0.5 and q = 0.8 left out
-        "quantiles": [0.5] if quick else [0.2, 0.5, 0.95],
-        "target_offsets": [0.10, 0.05, 0.02],
+        "rho_grid": [0.01, 0.1] if quick else [0.01, 0.1, 1.0],
+        "fractions": [0.5, 1.0] if quick else [0.1, 0.2, 0.3, 0.5, 0.7, 1.0],
+        "fedadmm_fractions": [1.0] if quick else [0.5, 1.0],
+        "quantiles": [0.5] if quick else [0.5, 0.9],
+        "target_offsets": [0.10, 0.05, 0.02, 0.01],
     }
+
+
+def grids(setting: dict[str, Any]) -> dict[str, Grid]:
+    """Every method's tuning grid; ``budget`` refuses unequal sizes before anything runs."""
+    out = {m: grid(m, fraction=setting["fractions"]) for m in ("fedavg", "fedprox", "scaffold")}
+    out["fedadmm"] = grid("fedadmm", rho=setting["rho_grid"], fraction=setting["fedadmm_fractions"])
+    for method in EVENT:
+        out[method] = grid(method, rho=setting["rho_grid"], quantile=setting["quantiles"])
+    budget(out)
+    return {m: out[m] for m in METHODS}
+
+
+def knob_label(point: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in point.items())
+
+
+def smoothed(rows: list[dict[str, Any]]) -> np.ndarray:
+    """Trailing mean of the test accuracy over the last ``SMOOTH`` evaluations (fewer at the start)."""
+    acc = np.array([r["accuracy"] for r in rows], dtype=float)
+    cumulative = np.concatenate([[0.0], np.cumsum(acc)])
+    idx = np.arange(1, len(acc) + 1)
+    lo = np.maximum(0, idx - SMOOTH)
+    return (cumulative[idx] - cumulative[lo]) / (idx - lo)
 
 
 @dataclass
 class Run:
     method: str
-    knob: float  # participation C for baselines, the trigger quantile for event-based ADMM
+    knob: str  # the grid point, "rho=0.1,quantile=0.5"; "calibration" for a Delta = 0 run
     seed: int
     rows: list[dict[str, Any]]
     vectors_per_message: int
     num_agents: int
     rounds: int
     wall_s: float
-    trigger_norms: list[float] = field(default_factory=list)
+    trigger_ratios: dict[str, list[float]] = field(default_factory=dict)  # rule -> ||v - last|| / unit
     z_changes: list[float] = field(default_factory=list)
 
     def events(self, row: dict[str, Any]) -> int:
@@ -107,10 +154,11 @@ class Run:
         return self.events(self.rows[-1]) / (2 * self.num_agents * self.rounds)
 
     def first_reaching(self, target: float) -> dict[str, Any] | None:
-        return next((r for r in self.rows if r["accuracy"] >= target), None)
+        above = np.flatnonzero(smoothed(self.rows) >= target)
+        return self.rows[int(above[0])] if above.size else None
 
     def best_accuracy(self) -> float:
-        return max(r["accuracy"] for r in self.rows)
+        return float(smoothed(self.rows).max())
 
     def summary(self) -> dict[str, Any]:
         last = self.rows[-1]
@@ -118,7 +166,7 @@ class Run:
             "method": self.method,
             "knob": self.knob,
             "seed": self.seed,
-            "final_accuracy": last["accuracy"],
+            "final_accuracy": float(smoothed(self.rows)[-1]),
             "best_accuracy": self.best_accuracy(),
             "load": self.load(),
             "events": self.events(last),
@@ -127,26 +175,29 @@ class Run:
         }
 
 
-def algorithm_table(method: str, knob: float, setting: dict[str, Any], thresholds=None) -> dict[str, Any]:
+def algorithm_table(method: str, point: dict[str, Any], setting: dict[str, Any], thresholds=None):
     local = dict(setting["local"])
     if method in ("fedavg", "fedprox"):
         local["clip_norm"] = 1.0  # the authors' FedLearn agents clip gradients at norm 1
     common = {"local": local}
     if method == "fedavg":
-        return {"name": "fedavg", "fraction": knob, **common}
+        return {"name": "fedavg", "fraction": point["fraction"], **common}
     if method == "fedprox":
-        return {"name": "fedprox", "fraction": knob, "mu": 0.01, **common}
+        return {"name": "fedprox", "fraction": point["fraction"], "mu": 0.01, **common}
     if method == "scaffold":
-        return {"name": "scaffold", "fraction": knob, **common}
+        return {"name": "scaffold", "fraction": point["fraction"], **common}
     if method == "fedadmm":
-        return {"name": "fedadmm", "fraction": knob, "rho": setting["rho_fedadmm"], **common}
+        return {"name": "fedadmm", "fraction": point["fraction"], "rho": point["rho"], **common}
+    trigger, lucky, decay, _ = EVENT.get(method, EVENT["event_admm"])
     delta, delta_z = thresholds or (0.0, 0.0)
     return {
         "name": "event_admm",
-        "rho": setting["rho_event"],
+        "rho": point["rho"],
+        "trigger": trigger,
         "delta": delta,
         "delta_z": delta_z,
-        "lucky_fraction": LUCKY_FRACTION if method == "event_admm_randomized" else 0.0,
+        "delta_decay": decay,
+        "lucky_fraction": lucky,
         **common,
     }
 
@@ -154,13 +205,15 @@ def algorithm_table(method: str, knob: float, setting: dict[str, Any], threshold
 def run_one(
     setting: dict[str, Any],
     method: str,
-    knob: float,
+    point: dict[str, Any],
     seed: int,
     thresholds=None,
     channel=None,
     reset_every=None,
     tag: str = "",
+    knob: str | None = None,
 ) -> Run:
+    knob = knob or knob_label(point)
     tree = {
         "name": f"{setting['name']}-{method}-{knob}{tag}-s{seed}",
         "seed": seed,
@@ -168,22 +221,23 @@ def run_one(
         "data": setting["data"],
         "partition": setting["partition"],
         "model": setting["model"],
-        "algorithm": algorithm_table(method, knob, setting, thresholds),
+        "algorithm": algorithm_table(method, point, setting, thresholds),
         "channel": channel or {},
         "eval": {"every": 1},
-        "checkpoint": {"every": setting["rounds"]},
+        "checkpoint": {"every": setting["rounds"], "keep": 1},
     }
     if reset_every is not None:
         tree["algorithm"]["reset_every"] = reset_every
     config = validate(copy.deepcopy(tree), f"benchmark {tree['name']}")
-    norms: list[float] = []
+    ratios: dict[str, list[float]] = {}
     z_changes: list[float] = []
     previous_z: dict[str, Any] = {}
 
     def observe(end: RoundEnd) -> None:
-        norms.extend(
-            info["trigger_norm"] for info in end.report.client_info.values() if "trigger_norm" in info
-        )
+        for info in end.report.client_info.values():
+            for key, unit in info.items():
+                if key.startswith("trigger_unit/") and unit > 0:
+                    ratios.setdefault(key.split("/", 1)[1], []).append(info["trigger_norm"] / unit)
         z = end.algorithm.global_params(end.state)
         if "z" in previous_z:
             z_changes.append(norm(sub(z, previous_z["z"])))
@@ -193,17 +247,19 @@ def run_one(
     key = hashlib.sha256((to_toml(config) + CODE_VERSION).encode()).hexdigest()
     done = folder / "benchmark.json"
     vectors = 2 if method == "scaffold" else 1
+    agents, rounds = config.partition.num_clients, config.rounds
     if done.exists() and (cached := json.loads(done.read_text()))["key"] == key:  # same config, same code
+        rows = RunDir(folder).read_metrics()
         return Run(
             method,
             knob,
             seed,
-            RunDir(folder).read_metrics(),
+            rows,
             vectors,
-            config.partition.num_clients,
-            config.rounds,
+            agents,
+            rounds,
             cached["wall_s"],
-            cached["trigger_norms"],
+            cached["ratios"],
             cached["z_changes"],
         )
     started = time.perf_counter()
@@ -212,130 +268,202 @@ def run_one(
     # Only the metrics matter here: drop client state and checkpoints (hundreds of MB per run).
     (folder / "client_state.bin").unlink(missing_ok=True)
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
-    done.write_text(json.dumps({"key": key, "wall_s": wall, "trigger_norms": norms, "z_changes": z_changes}))
-    return Run(
-        method,
-        knob,
-        seed,
-        rundir.read_metrics(),
-        vectors,
-        config.partition.num_clients,
-        config.rounds,
-        wall,
-        norms,
-        z_changes,
-    )
+    done.write_text(json.dumps({"key": key, "wall_s": wall, "ratios": ratios, "z_changes": z_changes}))
+    return Run(method, knob, seed, rundir.read_metrics(), vectors, agents, rounds, wall, ratios, z_changes)
 
 
-def thresholds_from(calibration: Run, quantile: float) -> tuple[float, float]:
-    """Delta and Delta_z at a quantile of the trigger norms and z-changes of a Delta = 0 run."""
+def calibrate(setting: dict[str, Any], rho: float, seed: int) -> Run:
+    """A Delta = 0 run (full communication) whose trigger ratios (of every rule: they are all
+    reported) and z-changes set the thresholds of every event variant at this rho and seed."""
+    return run_one(setting, "calibration", {"rho": rho}, seed)
+
+
+def thresholds_from(
+    calibration: Run, trigger: str, quantile: float, z_quantile: float | None = None
+) -> tuple[float, float]:
+    """Delta and Delta_z at quantiles of the trigger ratios and z-changes of a Delta = 0 run."""
     skip = max(1, len(calibration.z_changes) // 10)  # ignore the first rounds' large steps
-    agents = calibration.num_agents
-    delta = float(np.quantile(calibration.trigger_norms[skip * agents :], quantile))
-    delta_z = float(np.quantile(calibration.z_changes[skip:], quantile))
+    ratios = calibration.trigger_ratios[trigger]
+    delta = float(np.quantile(ratios[len(ratios) * skip // calibration.rounds :], quantile))
+    delta_z = float(np.quantile(calibration.z_changes[skip:], quantile if z_quantile is None else z_quantile))
     return delta, delta_z
 
 
-def sweep(setting: dict[str, Any], seed: int) -> tuple[list[Run], Run]:
+def sweep(setting: dict[str, Any], seed: int) -> tuple[list[Run], list[Run]]:
+    """Every method's grid at one seed; returns (candidate runs, calibration runs)."""
     runs: list[Run] = []
+    calibrations: list[Run] = []
     console.rule(f"setting {setting['name']}, seed {seed}")
-    calibration = run_one(setting, "event_admm", 0.0, seed)  # Delta = 0: full communication
-    runs.append(calibration)
-    _progress(calibration)
-    for quantile in setting["quantiles"]:
-        thresholds = thresholds_from(calibration, quantile)
-        for method in EVENT:
-            runs.append(run_one(setting, method, quantile, seed, thresholds))
-            _progress(runs[-1], f"Delta={thresholds[0]:.3g} Delta_z={thresholds[1]:.3g}")
-    for fraction in setting["fractions"]:
-        for method in BASELINES:
-            runs.append(run_one(setting, method, fraction, seed))
-            _progress(runs[-1])
-    return runs, calibration
+    for method, points in grids(setting).items():
+        for point in points.points:
+            if method in EVENT:
+                trigger, *_, dz_rule = EVENT[method]
+                calibration = calibrate(setting, point["rho"], seed)
+                if all(c.knob != calibration.knob for c in calibrations):
+                    calibrations.append(calibration)
+                    _progress(calibration, "Delta = 0")
+                q = point["quantile"]
+                thresholds = (
+                    thresholds_from(calibration, trigger, 0.5, q)
+                    if dz_rule == "own"
+                    else thresholds_from(calibration, trigger, q)
+                )
+                runs.append(run_one(setting, method, point, seed, thresholds))
+                _progress(runs[-1], f"Delta={thresholds[0]:.3g} Delta_z={thresholds[1]:.3g}")
+            else:
+                runs.append(run_one(setting, method, point, seed))
+                _progress(runs[-1])
+    return runs, calibrations
 
 
 def _progress(run: Run, extra: str = "") -> None:
     s = run.summary()
     console.print(
-        f"  {run.method:<22} knob={run.knob:<5} load={s['load']:.3f} best={s['best_accuracy']:.4f} "
+        f"  {run.method:<22} {run.knob:<22} load={s['load']:.3f} best={s['best_accuracy']:.4f} "
         f"final={s['final_accuracy']:.4f} {run.wall_s:6.1f}s {extra}",
         soft_wrap=True,
         highlight=False,
     )
 
 
-def targets_for(calibration: Run, offsets: list[float]) -> list[float]:
-    ceiling = calibration.best_accuracy()
-    return [math.floor((ceiling - off) * 100) / 100 for off in offsets]
+def by_config(runs: list[Run]) -> dict[tuple[str, str], list[Run]]:
+    groups: dict[tuple[str, str], list[Run]] = {}
+    for r in runs:
+        groups.setdefault((r.method, r.knob), []).append(r)
+    return groups
 
 
-def needed(runs: list[Run], method: str, target: float, measure: str) -> float | None:
-    """Fewest events (or bytes) any configuration of ``method`` needs to first reach ``target``."""
+def ceiling(runs: list[Run]) -> float:
+    """The best mean (over seeds) smoothed accuracy of any configuration of any method."""
+    return max(float(np.mean([r.best_accuracy() for r in group])) for group in by_config(runs).values())
+
+
+def targets_for(runs: list[Run], offsets: list[float]) -> list[float]:
+    top = ceiling(runs)
+    return [math.floor((top - off) * 100) / 100 for off in offsets]
+
+
+def tuned(runs: list[Run], method: str, target: float, measure: str) -> dict[str, Any] | None:
+    """The configuration of ``method`` that reaches ``target`` in every seed with the fewest mean
+    events (or bytes): its knob, the per-seed values, their mean and 95% interval."""
     best = None
-    for run in runs:
-        if run.method != method:
+    for (m, knob), group in by_config(runs).items():
+        if m != method:
             continue
-        row = run.first_reaching(target)
-        if row is None:
+        rows = [r.first_reaching(target) for r in group]
+        if any(row is None for row in rows):
             continue
-        value = run.events(row) if measure == "events" else row["bytes_up"] + row["bytes_down"]
-        best = value if best is None else min(best, value)
+        values = [
+            float(r.events(row) if measure == "events" else row["bytes_up"] + row["bytes_down"])
+            for r, row in zip(group, rows, strict=True)
+        ]
+        mean = float(np.mean(values))
+        if best is None or mean < best["mean"]:
+            ci = t_interval(values) if len(values) > 1 else (math.nan, math.nan)
+            best = {"knob": knob, "values": values, "mean": mean, "ci": list(ci)}
     return best
 
 
-def saving(runs: list[Run], target: float, measure: str) -> dict[str, float | None]:
-    best_baseline = [v for m in BASELINES if (v := needed(runs, m, target, measure)) is not None]
-    out: dict[str, float | None] = {}
+def saving(results: dict[str, dict[str, Any]], target: float) -> dict[str, dict[str, Any] | None]:
+    """Each event variant against the best baseline (fewest mean events) at ``target``: the relative
+    saving of the means, and whether the 95% intervals separate (the only case a claim is made)."""
+    baselines = [results[m][str(target)] for m in BASELINES if results[m][str(target)] is not None]
+    out: dict[str, dict[str, Any] | None] = {}
+    base = min(baselines, key=lambda b: b["mean"]) if baselines else None
     for method in EVENT:
-        mine = needed(runs, method, target, measure)
-        out[method] = None if mine is None or not best_baseline else 1 - mine / min(best_baseline)
+        mine = results[method][str(target)]
+        if mine is None or base is None:
+            out[method] = None
+            continue
+        finite = all(math.isfinite(v) for v in (*mine["ci"], *base["ci"]))
+        out[method] = {
+            "saving": 1 - mine["mean"] / base["mean"],
+            "separated": bool(finite and separated(tuple(mine["ci"]), tuple(base["ci"]))),
+        }
     return out
 
 
-def failure_runs(setting: dict[str, Any], calibration: Run, seed: int, quick: bool) -> list[dict[str, Any]]:
-    """Drop every message with probability p on both links, with and without periodic resets."""
-    thresholds = thresholds_from(calibration, 0.5)
+def pareto(runs: list[Run]) -> dict[str, list[dict[str, Any]]]:
+    """Per method, the configurations not dominated in (mean events, mean best accuracy)."""
+    front: dict[str, list[dict[str, Any]]] = {}
+    points: dict[str, list[dict[str, Any]]] = {}
+    for (method, knob), group in by_config(runs).items():
+        points.setdefault(method, []).append(
+            {
+                "knob": knob,
+                "events": float(np.mean([r.events(r.rows[-1]) for r in group])),
+                "accuracy": float(np.mean([r.best_accuracy() for r in group])),
+            }
+        )
+    for method, pts in points.items():
+        front[method] = sorted(
+            (
+                p
+                for p in pts
+                if not any(
+                    q["events"] <= p["events"] and q["accuracy"] >= p["accuracy"] and q != p for q in pts
+                )
+            ),
+            key=lambda p: p["events"],
+        )
+    return front
+
+
+def failure_runs(setting: dict[str, Any], calibrations: list[Run], seed: int, quick: bool) -> list[dict]:
+    """Drop every message with probability p on both links, with and without periodic resets
+    (event-based ADMM at the middle rho of the grid, median quantile; FedAvg at C = 1)."""
+    rho = setting["rho_grid"][len(setting["rho_grid"]) // 2]
+    calibration = next(c for c in calibrations if c.knob == f"rho={rho}" and c.seed == seed)
+    thresholds = thresholds_from(calibration, "absolute", 0.5)
+    point = {"rho": rho, "quantile": 0.5}
     out = []
     probabilities = [0.3] if quick else [0.0, 0.1, 0.3]
     resets = [None, 4] if quick else [None, 10, 25]
     for p in probabilities:
+        channel = {"drop_up": p, "drop_down": p}
         for reset in resets:
             run = run_one(
-                setting,
-                "event_admm",
-                0.5,
-                seed,
-                thresholds,
-                {"drop_up": p, "drop_down": p},
-                reset,
-                tag=f"-p{p}-r{reset}",
+                setting, "event_admm", point, seed, thresholds, channel, reset, tag=f"-p{p}-r{reset}"
             )
             out.append({"p": p, "reset_every": reset, **run.summary()})
             _progress(run, f"p={p} reset={reset}")
-        fedavg = run_one(setting, "fedavg", 1.0, seed, None, {"drop_up": p, "drop_down": p}, tag=f"-p{p}")
+        fedavg = run_one(setting, "fedavg", {"fraction": 1.0}, seed, None, channel, tag=f"-p{p}")
         out.append({"p": p, "reset_every": None, **fedavg.summary()})
         _progress(fedavg, f"p={p}")
     return out
 
 
-def plot_load(setting_name: str, runs: list[Run], path: Path) -> Path:
+def plot_pareto(setting_name: str, runs: list[Run], front: dict[str, list[dict]], path: Path) -> Path:
+    """Best accuracy against events, mean over seeds per configuration; lines join each method's
+    Pareto front (fewer events and higher accuracy), dots are its other configurations."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for method in METHODS:
-        points = sorted((r.load(), r.best_accuracy()) for r in runs if r.method == method)
-        if points:
-            ax.plot(*zip(*points, strict=True), marker="o", label=method)
+    fig, ax = plt.subplots(figsize=(7.0, 4.6))
+    groups = by_config(runs)
+    for i, method in enumerate(METHODS):
+        color = f"C{i % 10}"
+        pts = [
+            (np.mean([r.events(r.rows[-1]) for r in g]), np.mean([r.best_accuracy() for r in g]))
+            for (m, _), g in groups.items()
+            if m == method
+        ]
+        if not pts:
+            continue
+        ax.scatter(*zip(*pts, strict=True), color=color, alpha=0.35, s=14)
+        line = front[method]
+        ax.plot(
+            [p["events"] for p in line], [p["accuracy"] for p in line], marker="o", color=color, label=method
+        )
     ax.set(
-        xlabel="total communication load (events / 2NT)",
-        ylabel="best test accuracy",
-        title=f"Setting {setting_name}: accuracy against load",
+        xlabel="communication events (mean over seeds)",
+        ylabel=f"best test accuracy (trailing mean of {SMOOTH})",
+        title=f"Setting {setting_name}: accuracy against events, Pareto fronts",
     )
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -343,93 +471,115 @@ def plot_load(setting_name: str, runs: list[Run], path: Path) -> Path:
     return path
 
 
-def report(
-    setting: dict[str, Any], runs: list[Run], calibration: Run, failures: list[dict]
-) -> dict[str, Any]:
-    targets = targets_for(calibration, setting["target_offsets"])
-    result: dict[str, Any] = {
-        "targets": targets,
-        "events": {},
-        "bytes": {},
-        "savings": {},
-        "runs": [],
-        "failures": failures,
-        "ceiling": calibration.best_accuracy(),
-    }
+def conclusions(savings: dict[str, dict[str, Any]], targets: list[float]) -> list[str]:
+    """Sentences only where an event variant's 95% interval separates from the best baseline's."""
+    out = []
+    for t in targets:
+        for method, s in savings[str(t)].items():
+            if s is not None and s["separated"]:
+                word = "fewer" if s["saving"] > 0 else "more"
+                out.append(
+                    f"At {t:.0%}, {method} needs {abs(s['saving']):.0%} {word} events than the best "
+                    "baseline (95% intervals separate)."
+                )
+    return out or ["No event variant's 95% interval separates from the best baseline's: no claim either way."]
+
+
+def report(setting: dict[str, Any], runs: list[Run], calibrations: list[Run], failures: list[dict]) -> dict:
+    targets = targets_for(runs, setting["target_offsets"])
+    result: dict[str, Any] = {"targets": targets, "ceiling": ceiling(runs)}
+    best: dict[str, dict[str, dict[str, Any]]] = {}
     for measure in ("events", "bytes"):
-        result[measure] = {m: [needed(runs, m, t, measure) for t in targets] for m in METHODS}
-        result["savings"][measure] = {str(t): saving(runs, t, measure) for t in targets}
+        best[measure] = {m: {str(t): tuned(runs, m, t, measure) for t in targets} for m in METHODS}
+        result[measure] = {
+            m: [b["mean"] if (b := best[measure][m][str(t)]) else None for t in targets] for m in METHODS
+        }
+        result[f"{measure}_ci"] = {
+            m: {str(t): b["ci"] if (b := best[measure][m][str(t)]) else None for t in targets}
+            for m in METHODS
+        }
+    result["tuned"] = {
+        m: {str(t): b["knob"] if (b := best["events"][m][str(t)]) else None for t in targets} for m in METHODS
+    }
+    result["savings"] = {
+        measure: {str(t): saving(best[measure], t) for t in targets} for measure in ("events", "bytes")
+    }
+    result["conclusions"] = conclusions(result["savings"]["events"], targets)
+    result["pareto"] = pareto(runs)
+    result["configs"] = seed_spread(runs)
     result["runs"] = [r.summary() for r in runs]
-    table = Table(
-        title=f"Setting {setting['name']}: events to reach a target (ceiling {result['ceiling']:.4f})"
-    )
+    result["calibration"] = [r.summary() for r in calibrations]
+    result["failures"] = failures
+    table = Table(title=f"Setting {setting['name']}: events to reach a target, mean [95% interval]")
     table.add_column("method")
     for t in targets:
         table.add_column(f"{t:.0%}", justify="right")
     for m in METHODS:
-        table.add_row(m, *("n/a" if v is None else str(v) for v in result["events"][m]))
+        table.add_row(m, *(_ci(best["events"][m][str(t)]) for t in targets))
     console.print(table)
+    for line in result["conclusions"]:
+        console.print(line, highlight=False)
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="tiny smoke run of the same code (about a minute)"
-    )
+    parser.add_argument("--quick", action="store_true", help="smoke run of the same code at tiny scale")
     parser.add_argument("--settings", default="A,B")
-    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.seeds < 3 and not args.quick:
+        parser.error("a claim needs at least 3 seeds (use --quick for a smoke run)")
     torch.set_num_threads(args.threads)
     builders = {"A": setting_a, "B": setting_b}
-    results: dict[str, Any] = {
-        "quick": args.quick,
-        "command": "python benchmarks/event_admm.py" + (" --quick" if args.quick else ""),
-    }
+    command = f"python benchmarks/event_admm.py --settings {args.settings} --seeds {args.seeds}"
+    command += " --quick" if args.quick else ""
+    results: dict[str, Any] = {"quick": args.quick, "command": command, "seeds": args.seeds}
     for name in args.settings.split(","):
         setting = builders[name](args.quick)
-        all_runs: list[Run] = []
-        calibration = None
+        results["rho_grid"] = setting["rho_grid"]
+        runs: list[Run] = []
+        calibrations: list[Run] = []
         for seed in range(args.seeds):
-            runs, cal = sweep(setting, seed)
-            all_runs += runs
-            calibration = calibration or cal
-        failures = failure_runs(setting, calibration, 0, args.quick) if name == "A" else []
-        results[name] = report(setting, [r for r in all_runs if r.seed == 0], calibration, failures)
-        results[name]["plot"] = str(
-            plot_load(name, all_runs, IMAGES / f"event_admm_{name}.png").relative_to(ROOT)
-        )
+            seed_runs, seed_calibrations = sweep(setting, seed)
+            runs += seed_runs
+            calibrations += seed_calibrations
+        failures = failure_runs(setting, calibrations, 0, args.quick) if name == "A" else []
+        results[name] = report(setting, runs, calibrations, failures)
+        image = IMAGES / f"event_admm_{name}{'_quick' if args.quick else ''}.png"
+        results[name]["plot"] = str(plot_pareto(name, runs, results[name]["pareto"], image).relative_to(ROOT))
         results[name]["settings"] = {k: v for k, v in setting.items() if k != "name"}
-        if args.seeds > 1:
-            results[name]["seed_spread"] = seed_spread(all_runs)
     out = RESULTS / ("event_admm_quick.json" if args.quick else "event_admm.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     console.print(f"results: {out}")
-    command = f"python benchmarks/event_admm.py --settings {args.settings} --seeds {args.seeds}"
-    if args.quick:  # render the same tables, but leave the docs alone
-        (RUNS / "quick.md").write_text(render(results, command + " --quick"))
+    if args.quick:  # a smoke run: render the same tables, but leave the docs alone
+        RUNS.mkdir(parents=True, exist_ok=True)
+        (RUNS / "quick.md").write_text(render(results))
     else:
-        docs = replace_section(
-            "event_admm", render(results, command), "Event-based ADMM against its baselines"
-        )
+        docs = replace_section("event_admm", render(results), "Event-based ADMM against its baselines")
         console.print(f"docs: {docs}")
+    return 0
 
 
-def _fmt(value: float | None, kind: str = "int") -> str:
-    if value is None:
+def _ci(best: dict[str, Any] | None, scale: float = 1.0, digits: int = 0) -> str:
+    if best is None:
         return "n/a"
-    if kind == "MB":
-        return f"{value / 1e6:.1f}"
-    if kind == "pct":
-        return f"{value:+.0%}"
-    return str(int(value))
+    lo, hi = best["ci"]
+    if not math.isfinite(lo):
+        return f"{best['mean'] / scale:.{digits}f}"
+    return f"{best['mean'] / scale:.{digits}f} [{lo / scale:.{digits}f}, {hi / scale:.{digits}f}]"
 
 
-def render(results: dict[str, Any], command: str) -> str:
+def render(results: dict[str, Any]) -> str:
     """The generated part of the docs section: every table of every setting."""
-    parts = [f"Command: `{command}` (results: `benchmarks/results/event_admm.json`)."]
+    smoke = " **Smoke run (--quick): tiny data and few rounds; no conclusion may be drawn.**"
+    parts = [
+        f"Command: `{results['command']}` (results: `benchmarks/results/event_admm"
+        f"{'_quick' if results['quick'] else ''}.json`). Seeds: {results['seeds']}; "
+        f"rho grid {results['rho_grid']}." + (smoke if results["quick"] else "")
+    ]
     for name in ("A", "B"):
         if name in results:
             parts += render_setting(name, results[name])
@@ -439,52 +589,71 @@ def render(results: dict[str, Any], command: str) -> str:
 def render_setting(name: str, res: dict[str, Any]) -> list[str]:
     targets = res["targets"]
     heads = [f"{t:.0%}" for t in targets]
+
+    def cell(measure: str, method: str, t: float, scale: float = 1.0, digits: int = 0) -> str:
+        mean = res[measure][method][targets.index(t)]
+        ci = res[f"{measure}_ci"][method][str(t)]
+        return _ci(None if mean is None else {"mean": mean, "ci": ci}, scale, digits)
+
     parts = [
-        f"### Setting {name}\n\nSettings: `{json.dumps(res['settings'])}`. "
-        f"Full-communication ceiling (event-based ADMM, Delta = 0): {res['ceiling']:.4f}.",
-        "Communication events needed to first reach each target accuracy "
-        "(fewest over each method's sweep; n/a: never reached):\n\n"
-        + markdown_table(["method", *heads], [[m, *(_fmt(v) for v in res["events"][m])] for m in METHODS]),
-        "Megabytes (up + down) needed for the same targets:\n\n"
+        f"### Setting {name}\n\nSettings: `{json.dumps(res['settings'])}`. Best mean accuracy of any "
+        f"configuration (trailing mean of {SMOOTH} evaluations): {res['ceiling']:.4f}; targets sit "
+        "below it.",
+        "Communication events to reach each target: each method at its configuration with the fewest "
+        "mean events among those reaching the target in every seed; mean [95% t-interval] over seeds "
+        "(n/a: no configuration reached it in every seed):\n\n"
         + markdown_table(
-            ["method", *heads], [[m, *(_fmt(v, "MB") for v in res["bytes"][m])] for m in METHODS]
+            ["method", *heads], [[m, *(cell("events", m, t) for t in targets)] for m in METHODS]
+        ),
+        "Megabytes (up + down) for the same targets:\n\n"
+        + markdown_table(
+            ["method", *heads], [[m, *(cell("bytes", m, t, 1e6, 1) for t in targets)] for m in METHODS]
+        ),
+        "Configuration chosen per target (events):\n\n"
+        + markdown_table(
+            ["method", *heads], [[m, *(res["tuned"][m][str(t)] or "n/a" for t in targets)] for m in METHODS]
         ),
     ]
     savings = [
-        [f"{method} ({measure})", *(_fmt(res["savings"][measure][str(t)][method], "pct") for t in targets)]
-        for measure in ("events", "bytes")
+        [
+            method,
+            *(
+                "n/a"
+                if (s := res["savings"]["events"][str(t)][method]) is None
+                else f"{s['saving']:+.0%} ({'separate' if s['separated'] else 'overlap'})"
+                for t in targets
+            ),
+        ]
         for method in EVENT
     ]
     parts.append(
-        "Saving against the best baseline at each target (positive: fewer events or bytes):\n\n"
-        + markdown_table(["", *heads], savings)
+        "Event saving against the best baseline at each target (positive: fewer events; "
+        "'overlap': the 95% intervals overlap, so no claim):\n\n" + markdown_table(["", *heads], savings)
     )
-    parts.append(f"![accuracy against load, setting {name}]({Path(res['plot']).relative_to('docs')})")
-    runs = sorted(res["runs"], key=lambda r: (METHODS.index(r["method"]), r["knob"]))
+    parts.append("Conclusions:\n\n" + "\n".join(f"- {c}" for c in res["conclusions"]))
+    parts.append(f"![accuracy against events, setting {name}]({Path(res['plot']).relative_to('docs')})")
     parts.append(
-        "Every run (knob: participation C for baselines, trigger quantile for event-based ADMM; "
-        "knob 0 is Delta = 0):\n\n"
+        "Every configuration, mean over seeds [95% interval] (the Delta = 0 calibration runs are in "
+        "the JSON, `calibration`):\n\n"
         + markdown_table(
-            ["method", "knob", "load", "best acc", "final acc", "events", "MB", "s"],
+            ["method", "knob", "seeds", "best acc", "load", "events"],
             [
                 [
-                    r["method"],
-                    r["knob"],
-                    f"{r['load']:.3f}",
-                    f"{r['best_accuracy']:.4f}",
-                    f"{r['final_accuracy']:.4f}",
-                    r["events"],
-                    f"{r['bytes'] / 1e6:.1f}",
-                    f"{r['wall_s']:.0f}",
+                    c["method"],
+                    c["knob"],
+                    c["seeds"],
+                    _ci({"mean": c["best_accuracy"], "ci": c["best_accuracy_ci"]}, 1.0, 4),
+                    f"{c['load']:.3f}",
+                    f"{c['events']:.0f}",
                 ]
-                for r in runs
+                for c in res["configs"]
             ],
         )
     )
     if res["failures"]:
         parts.append(
-            "Dropped messages (probability p on both links; event-based ADMM at the median trigger "
-            "quantile; FedAvg at C = 1 for contrast):\n\n"
+            "Dropped messages, seed 0 (probability p on both links; event-based ADMM at the middle rho "
+            "and the median trigger quantile; FedAvg at C = 1 for contrast):\n\n"
             + markdown_table(
                 ["method", "p", "reset every", "final acc", "best acc", "load"],
                 [
@@ -500,48 +669,29 @@ def render_setting(name: str, res: dict[str, Any]) -> list[str]:
                 ],
             )
         )
-    if "seed_spread" in res:
-        parts.append(
-            "Spread over seeds (mean ± standard deviation):\n\n"
-            + markdown_table(
-                ["method", "knob", "seeds", "best acc", "load"],
-                [
-                    [
-                        s["method"],
-                        s["knob"],
-                        s["seeds"],
-                        f"{s['best_accuracy_mean']:.4f} ± {s['best_accuracy_std']:.4f}",
-                        f"{s['load_mean']:.3f} ± {s['load_std']:.3f}",
-                    ]
-                    for s in res["seed_spread"]
-                ],
-            )
-        )
     return parts
 
 
 def seed_spread(runs: list[Run]) -> list[dict[str, Any]]:
-    """Mean and spread of best accuracy and load per (method, knob) over seeds."""
-    groups: dict[tuple[str, float], list[Run]] = {}
-    for r in runs:
-        groups.setdefault((r.method, r.knob), []).append(r)
+    """Per configuration: seeds, mean best accuracy with its 95% interval, mean load and events."""
     out = []
-    for (method, knob), group in sorted(groups.items()):
-        acc = np.array([r.best_accuracy() for r in group])
-        load = np.array([r.load() for r in group])
+    for (method, knob), group in sorted(
+        by_config(runs).items(), key=lambda kv: (METHODS.index(kv[0][0]), kv[0][1])
+    ):
+        acc = [r.best_accuracy() for r in group]
         out.append(
             {
                 "method": method,
                 "knob": knob,
                 "seeds": len(group),
-                "best_accuracy_mean": acc.mean(),
-                "best_accuracy_std": acc.std(),
-                "load_mean": load.mean(),
-                "load_std": load.std(),
+                "best_accuracy": float(np.mean(acc)),
+                "best_accuracy_ci": list(t_interval(acc)) if len(acc) > 1 else [math.nan, math.nan],
+                "load": float(np.mean([r.load() for r in group])),
+                "events": float(np.mean([r.events(r.rows[-1]) for r in group])),
             }
         )
     return out
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -9,6 +9,7 @@ Consensus problem min_x sum_i f_i(x) in scaled form (dual u_i = lambda_i / rho),
     u_i <- u_i + x_hat_i - z_i_hat                                   (with the newest z the agent holds)
 z_i_hat is the z agent i currently holds, which may be stale. Communication is event-triggered:
   * uplink: agent i sends v_i = x_hat_i + u_i only if ||v_i - last_i|| >= Delta_k (full-vector norm);
+    two triggers beyond the paper scale that threshold per agent (``trigger``, ``trigger_units``);
   * downlink: the server broadcasts z only if ||z - z_sent|| >= Delta_z,k (full-vector norm; the
     authors' code compares only the last tensor, the output bias, because of a loop bug);
   * randomized variant: when the server stays silent, a random fraction of agents still gets z;
@@ -65,6 +66,13 @@ class EventADMMConfig(AlgorithmConfig):
     rho: float = Field(1.0, gt=0, description="ADMM penalty")
     per_agent_rho: bool = Field(True, description="rho_i = rho / (N p_i); False: rho_i = rho")
     delta: float = Field(0.0, ge=0, description="uplink trigger threshold Delta (0: always send)")
+    trigger: Literal["absolute", "relative", "progress"] = Field(
+        "absolute",
+        description="uplink rule: ||v-last|| >= Delta (paper), >= Delta ||last||, or >= Delta N ||z step||",
+    )
+    progress_fade: float = Field(
+        0.5, ge=0, lt=1, description="progress trigger: remembered z step shrinks by this per silent round"
+    )
     delta_z: float | None = Field(
         None, ge=0, description="downlink threshold (default Delta / 100, as the code)"
     )
@@ -199,8 +207,10 @@ class EventADMM(Algorithm):
         v = add(x_hat, u)
         # last_i starts as the z the agent first received, which is what the server's copy holds.
         last = strip_prefix("last", ctx.state or {}) or z_hat
-        threshold = self.config.threshold(self.config.delta, ctx.round)
+        z_step = self.z_step(ctx, z_hat)
         distance = norm(sub(v, last))
+        units = self.trigger_units(ctx, last, z_step)
+        threshold = self.config.threshold(self.config.delta, ctx.round) * units[self.config.trigger]
         send = self.config.is_reset(ctx.round) or distance >= threshold
         state = {
             **with_prefix("x_hat", x_hat),
@@ -210,6 +220,38 @@ class EventADMM(Algorithm):
         }
         if momentum is not None and self.config.persistent_momentum:
             state.update(with_prefix("momentum", momentum))
+        if self.config.trigger == "progress":
+            state["z_step"] = torch.tensor(z_step, dtype=torch.float64)
         return ClientOutput(
-            Message.from_tensors(v, **meta) if send else None, state, {"trigger_norm": distance}
+            Message.from_tensors(v, **meta) if send else None,
+            state,
+            {"trigger_norm": distance, **{f"trigger_unit/{k}": unit for k, unit in units.items()}},
         )
+
+    def trigger_units(self, ctx: ClientContext, last: Params, z_step: float) -> dict[str, float]:
+        """What Delta_k multiplies under each uplink rule; agent i sends when ||v_i - last_i|| reaches
+        Delta_k times the unit of the configured ``trigger``. All three are reported (client info),
+        so one Delta = 0 run calibrates every rule.
+
+        * ``absolute`` (the paper, Alg. 1): 1, one threshold for every agent.
+        * ``relative`` (beyond the paper): ||last_i||, scale-free, so an agent whose x_i + u_i is
+          small is not held to the threshold of one whose x_i + u_i is large.
+        * ``progress`` (beyond the paper): N ||z_step_i||, where z_step_i is how far z moved at the
+          last new broadcast agent i heard. The agent's unsent share of z, ||v_i - last_i|| / N, is
+          compared with the consensus' own last step: an agent with little new to say next to how
+          fast z is moving stays silent, and the threshold shrinks as the method converges.
+          Unknown step (first round): 0, so the first update is always sent.
+        With ``delta_decay`` < 1 every rule tends to zero, so the fixed point is that of ADMM.
+        """
+        return {"absolute": 1.0, "relative": norm(last), "progress": ctx.data.num_clients * z_step}
+
+    def z_step(self, ctx: ClientContext, z_hat: Params) -> float:
+        """||z_hat - the z held before|| if a new z arrived this round, else the step remembered
+        times ``progress_fade``: the longer the agent hears nothing new, the lower its threshold, so
+        a round in which nobody speaks cannot repeat forever (no fixed point but ADMM's)."""
+        state = ctx.state or {}
+        held = strip_prefix("z_hat", state)
+        step = norm(sub(z_hat, held)) if held else 0.0
+        if step > 0 or "z_step" not in state:
+            return step
+        return self.config.progress_fade * float(state["z_step"])
