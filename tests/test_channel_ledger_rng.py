@@ -31,6 +31,7 @@ def test_dropped_message_is_counted_as_sent_not_delivered():
             "messages_delivered": 0,
             "bytes_sent": size,
             "bytes_delivered": 0,
+            "wire_bytes": 0,  # a simulated channel has no wire
         }
     ]
 

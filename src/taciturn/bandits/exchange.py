@@ -21,11 +21,11 @@ from collections import defaultdict
 import numpy as np
 
 from taciturn.core.channel import Channel, Direction
-from taciturn.core.ledger import COLUMNS, Ledger
+from taciturn.core.ledger import PAYLOAD, Ledger
 from taciturn.core.message import Message
 from taciturn.core.rng import Streams
 
-FIELDS = COLUMNS[3:]  # messages_sent, messages_delivered, bytes_sent, bytes_delivered
+FIELDS = PAYLOAD  # messages_sent, messages_delivered, bytes_sent, bytes_delivered
 DIRECTIONS = (Direction.UP, Direction.DOWN)
 
 

@@ -2,8 +2,12 @@
 
 A message is counted as *sent* when it leaves its sender and as *delivered* when it reaches its
 receiver; a dropped message is sent but not delivered. Bytes are the encoded sizes, i.e. what a
-real network would carry. The ledger keeps one row per (round, client, direction) that saw
-traffic, so its size grows with the traffic, not with the number of clients.
+real network would carry. In a deployment (taciturn.deploy) a message also has a *wire* size:
+the bytes of the transport's own serialized message around the payload (Flower's records and
+metadata), which may carry no payload at all (a training request with no model, an empty reply);
+``wire_bytes`` counts those, so framing overhead is measured (0 in simulation: no wire).
+The ledger keeps one row per (round, client, direction) that saw traffic, so its size grows with
+the traffic, not with the number of clients.
 """
 
 from __future__ import annotations
@@ -21,15 +25,8 @@ class Direction(enum.Enum):
     DOWN = "down"  # server -> client
 
 
-COLUMNS = (
-    "round",
-    "client",
-    "direction",
-    "messages_sent",
-    "messages_delivered",
-    "bytes_sent",
-    "bytes_delivered",
-)
+PAYLOAD = ("messages_sent", "messages_delivered", "bytes_sent", "bytes_delivered")
+COLUMNS = ("round", "client", "direction", *PAYLOAD, "wire_bytes")
 
 
 @dataclass
@@ -38,6 +35,7 @@ class Entry:
     messages_delivered: int = 0
     bytes_sent: int = 0
     bytes_delivered: int = 0
+    wire_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -48,6 +46,7 @@ class Totals:
     messages_delivered: int
     bytes_sent: int
     bytes_delivered: int
+    wire_bytes: int = 0
 
 
 class Ledger:
@@ -63,16 +62,21 @@ class Ledger:
                 entry.messages_delivered += 1
                 entry.bytes_delivered += nbytes
 
+    def record_wire(self, round: int, client: int, direction: Direction, nbytes: int) -> None:
+        """Bytes of one transport message sent between ``client`` and the server (deployments)."""
+        for entry in (self._rows[(round, client, direction)], self._totals[direction]):
+            entry.wire_bytes += nbytes
+
     def add_row(self, row: dict) -> None:
         """Add a row produced by another ledger (e.g. a worker process's), as ``rows()`` gives them."""
         direction = Direction(row["direction"])
         for entry in (self._rows[(row["round"], row["client"], direction)], self._totals[direction]):
             for key in COLUMNS[3:]:
-                setattr(entry, key, getattr(entry, key) + row[key])
+                setattr(entry, key, getattr(entry, key) + row.get(key, 0))
 
     def totals(self, direction: Direction) -> Totals:
         e = self._totals[direction]
-        return Totals(e.messages_sent, e.messages_delivered, e.bytes_sent, e.bytes_delivered)
+        return Totals(e.messages_sent, e.messages_delivered, e.bytes_sent, e.bytes_delivered, e.wire_bytes)
 
     def round_totals(self, round: int, direction: Direction) -> Totals:
         rows = [e for (r, _, d), e in self._rows.items() if r == round and d == direction]
@@ -115,6 +119,6 @@ class Ledger:
                 if up_to_round is not None and r > up_to_round:
                     continue
                 entry = ledger._totals[Direction(row["direction"])]
-                for k in COLUMNS[3:]:
-                    setattr(entry, k, getattr(entry, k) + int(row[k]))
+                for k in COLUMNS[3:]:  # ledgers written before wire_bytes existed lack it
+                    setattr(entry, k, getattr(entry, k) + int(row.get(k) or 0))
         return ledger

@@ -157,16 +157,7 @@ class ClientPipeline:
             arrived = self.channel.send(Direction.UP, round, client, uplink)
             if arrived is None:
                 continue
-            reason = uplink_problem(arrived, spec) or self.algorithm.check_uplink_meta(arrived)
-            if reason is not None:
-                log.warning("round %d: rejected the update of client %d: %s", round, client, reason)
-                part.rejected.append((client, reason))
-                continue
-            arrived = self.trust.apply(client, arrived)
-            part.accepted.append(client)
-            if isinstance(loss := arrived.meta.get("train_loss"), float):
-                part.losses.append(loss)
-            arrivals.append(Arrival(client, arrived))
+            self.admit(part, arrivals, round, client, arrived, spec)
         part.accumulated = self.accumulate(arrivals)
         if self.keep_arrivals:
             part.arrivals = arrivals
@@ -179,6 +170,28 @@ class ClientPipeline:
         if self.per_client:
             return [arrival for partial in partials for arrival in partial]
         return self.algorithm.combine(partials)
+
+    def admit(
+        self,
+        part: RoundPart,
+        arrivals: list[Arrival],
+        round: int,
+        client: int,
+        arrived: Message,
+        spec: Mapping[str, ArraySpec],
+    ) -> None:
+        """The server's check of an uplink that arrived (in simulation or from a deployed node):
+        rejected with a reason, or accepted into ``arrivals`` with the weight the server trusts."""
+        reason = uplink_problem(arrived, spec) or self.algorithm.check_uplink_meta(arrived)
+        if reason is not None:
+            log.warning("round %d: rejected the update of client %d: %s", round, client, reason)
+            part.rejected.append((client, reason))
+            return
+        arrived = self.trust.apply(client, arrived)
+        part.accepted.append(client)
+        if isinstance(loss := arrived.meta.get("train_loss"), float):
+            part.losses.append(loss)
+        arrivals.append(Arrival(client, arrived))
 
 
 def _failed(ctx: ClientContext, error: Exception) -> Exception:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,9 @@ from taciturn.server.aggregation import ServerAggregation, build_chain
 from taciturn.tasks.base import ClientData, Task
 
 DISK_STORE_CLIENTS = 1000  # with more stateful clients than this, "auto" keeps their state on disk
+
+# Builds the executor for a run whose clients live elsewhere (taciturn.deploy: Flower's SuperNodes).
+ExecutorFactory = Callable[[ClientPipeline], Executor]
 
 
 def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: ClientData) -> choice.Choice:
@@ -95,15 +99,21 @@ def build_federation(
     channel: Channel,
     streams: Streams,
     out: Path,
+    remote: ExecutorFactory | None = None,
 ) -> tuple[Federation, ClientStateStore, str]:
     if config.engine.threads:
         torch.set_num_threads(config.engine.threads)
-    picked = choose_executor(config, algorithm, task, data)
+    picked = None if remote is not None else choose_executor(config, algorithm, task, data)
     poisoning = None
     if config.attack.active and config.attack.kind != "label_flip":
         attackers = pick_attackers(config.attack.fraction, data.num_clients, streams)
         poisoning = ModelPoisoning(config.attack, attackers, streams)
-    store = build_store(config, algorithm, picked, out, data.num_clients)
+    # a deployed run's clients keep their state on their own nodes (deploy/node_state.py)
+    store = (
+        MemoryStateStore()
+        if picked is None
+        else build_store(config, algorithm, picked, out, data.num_clients)
+    )
     pipeline = ClientPipeline(
         algorithm,
         channel,
@@ -117,14 +127,18 @@ def build_federation(
         per_client=config.aggregation.per_client,
         poisoning=poisoning,
     )
-    executor = build_executor(picked.executor, picked.workers, pipeline)
-    if picked.challenger is not None:
-        executor = TrialExecutor(
-            executor, build_executor(picked.challenger, picked.workers, pipeline), _work(config, data)
-        )
-    named = f"{picked.executor} or {picked.challenger}" if picked.challenger else picked.executor
-    workers = f" with {picked.workers} workers" if picked.workers else ""
-    note = f"executor: {named}{workers} ({picked.reason}); client state: {type(store).__name__}"
+    if picked is None:
+        executor = remote(pipeline)
+        note = f"executor: {executor.name} (deployed); client state: on each node's disk"
+    else:
+        executor = build_executor(picked.executor, picked.workers, pipeline)
+        if picked.challenger is not None:
+            executor = TrialExecutor(
+                executor, build_executor(picked.challenger, picked.workers, pipeline), _work(config, data)
+            )
+        named = f"{picked.executor} or {picked.challenger}" if picked.challenger else picked.executor
+        workers = f" with {picked.workers} workers" if picked.workers else ""
+        note = f"executor: {named}{workers} ({picked.reason}); client state: {type(store).__name__}"
     aggregation = (
         ServerAggregation(build_chain(config.aggregation), algorithm, streams)
         if config.aggregation.per_client

@@ -31,7 +31,7 @@ from taciturn.engine.analysis import Analysis, TwinState
 from taciturn.engine.federation import Federation, RoundReport
 from taciturn.experiments import checkpoint
 from taciturn.experiments.config import ConfigError, RunConfig, load_config, to_toml
-from taciturn.experiments.engine_setup import build_federation
+from taciturn.experiments.engine_setup import ExecutorFactory, build_federation
 from taciturn.experiments.export import model_record
 from taciturn.experiments.progress import RoundProgress
 from taciturn.experiments.user import (
@@ -167,7 +167,11 @@ def _dataset(config: RunConfig, streams: Streams, objects: UserObjects) -> Array
 
 
 def prepare(
-    config: RunConfig, out: Path, ledger: Ledger | None = None, objects: UserObjects | None = None
+    config: RunConfig,
+    out: Path,
+    ledger: Ledger | None = None,
+    objects: UserObjects | None = None,
+    remote: ExecutorFactory | None = None,
 ) -> Experiment:
     streams = Streams(config.seed)
     task, data = build_task(config, streams, objects)
@@ -185,7 +189,9 @@ def prepare(
         raise ConfigError("[analysis] does not handle models with buffers (BatchNorm statistics) yet")
     ledger = ledger or Ledger()
     channel = Channel(ledger, streams, config.channel.drop_up, config.channel.drop_down)
-    federation, store, engine_note = build_federation(config, algorithm, task, data, channel, streams, out)
+    federation, store, engine_note = build_federation(
+        config, algorithm, task, data, channel, streams, out, remote
+    )
     analysis = (
         Analysis(config.analysis, task.model, task, data, algorithm, streams)
         if config.analysis.enabled
@@ -228,11 +234,15 @@ def start(
     progress: bool = True,
     callbacks: tuple[RoundCallback, ...] = (),
     objects: UserObjects | None = None,
+    remote: ExecutorFactory | None = None,
 ) -> RunDir:
-    """Run a new experiment into ``out``."""
+    """Run a new experiment into ``out``; ``remote`` builds the executor of a deployed run
+    (taciturn.deploy), whose clients train on their own machines."""
     rundir = RunDir(out)
     rundir.check_free(overwrite)
-    exp = prepare(config, out, objects=objects)  # everything that can fail on config or data fails here
+    exp = prepare(
+        config, out, objects=objects, remote=remote
+    )  # all that can fail on config or data fails here
     rundir.reset(to_toml(config))
     info = {"primary_metric": exp.task.primary_metric, "engine": exp.engine_note}
     rundir.info.write_text(json.dumps(info | model_record(exp.task, exp.data)))

@@ -1,0 +1,160 @@
+"""The server side of a deployed round: each picked client's downlink goes to the SuperNode that
+hosts it through Flower's Grid, and what comes back is checked and reduced as in simulation.
+
+It is an executor (engine/executor.py) like the sequential one, so the round loop, the run
+directory, metrics, ledger, checkpoints and report are experiments/runner.py's, unchanged.
+
+* Clients to nodes: each node says which clients it hosts (a ``query`` message, protocol.py),
+  asked of every node the server has not heard from yet, at the start of each round; a node that
+  left is forgotten, and a restarted node is found again and takes its clients back.
+* A round: one ``train`` message per picked client (an empty payload when the algorithm sends it
+  nothing), pushed at once; replies are pulled until all are in or ``round_timeout`` passes. A
+  client whose node is gone or silent past the timeout is dropped, exactly like a message the
+  simulated Channel drops: its downlink is counted as sent, not delivered, and nothing arrives.
+* Ledger: payload bytes as in simulation (the codec's encoded size, counted only for messages
+  that carry a model), plus ``wire_bytes``: the serialized Flower messages, every one of them.
+* Acceptance: the server tells each client, with its next request, the last round whose uplink it
+  accepted; the node commits the state it staged then (node_state.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+
+from flwr.app import Message as FlowerMessage
+from flwr.app import RecordDict
+from flwr.serverapp import Grid
+
+from taciturn.algorithms.base import ArraySpec
+from taciturn.core.codec import CodecError
+from taciturn.core.ledger import Direction
+from taciturn.core.message import Message
+from taciturn.deploy import protocol
+from taciturn.engine.executor import Executor
+from taciturn.engine.pipeline import ClientPipeline, RoundPart
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.05  # between pulls of replies (Flower's own send_and_receive sleeps 3 s)
+
+
+class GridExecutor(Executor):
+    name = "flower"
+
+    def __init__(self, pipeline: ClientPipeline, grid: Grid, round_timeout: float):
+        super().__init__(pipeline)
+        self.grid = grid
+        self.round_timeout = round_timeout
+        self.hosts: dict[int, int] = {}  # client -> node id
+        self.nodes: set[int] = set()  # nodes that said which clients they host
+        self.accepted: dict[int, int] = {}  # client -> last round whose uplink the server accepted
+
+    # ----- which node hosts which client -----
+    def discover(self) -> None:
+        online = set(self.grid.get_node_ids())
+        for gone in self.nodes - online:
+            self.hosts = {c: n for c, n in self.hosts.items() if n != gone}
+        self.nodes &= online
+        new = sorted(online - self.nodes)
+        if not new:
+            return
+        asks = [
+            self.grid.create_message(RecordDict(), protocol.QUERY, node, "hosts", ttl=self.round_timeout)
+            for node in new
+        ]
+        for reply in self._exchange(asks).values():
+            if reply.has_error():
+                log.warning(
+                    "node %d could not say which clients it hosts: %s",
+                    reply.metadata.src_node_id,
+                    reply.error.reason,
+                )
+                continue
+            try:
+                clients = protocol.read_query_reply(reply.content)
+            except CodecError as error:
+                log.warning("node %d: malformed query reply: %s", reply.metadata.src_node_id, error)
+                continue
+            node = reply.metadata.src_node_id
+            self.nodes.add(node)
+            for client in clients:
+                self.hosts[client] = node
+            log.info("node %d hosts clients %s", node, list(clients))
+
+    def _exchange(self, messages: Sequence[FlowerMessage]) -> dict[str, FlowerMessage]:
+        """Push ``messages`` and pull replies until all are in or the round timeout passes; the
+        replies by the id of the message they answer."""
+        ids = [i for i in self.grid.push_messages(messages) if i]
+        waiting, replies = set(ids), {}
+        deadline = time.monotonic() + self.round_timeout
+        while waiting and time.monotonic() < deadline:
+            for reply in self.grid.pull_messages(list(waiting)):
+                replies[reply.metadata.reply_to_message_id] = reply
+                waiting.discard(reply.metadata.reply_to_message_id)
+            if waiting:
+                time.sleep(POLL_S)
+        return replies
+
+    # ----- a round -----
+    def serve(
+        self,
+        round: int,
+        clients: Sequence[int],
+        downlink: Mapping[int, Message | None],
+        spec: Mapping[str, ArraySpec],
+    ) -> RoundPart:
+        self.discover()
+        ledger = self.pipeline.channel.ledger
+        payloads = {c: protocol.payload_of(downlink.get(c)) for c in clients}
+        requests: dict[int, FlowerMessage] = {}
+        for client in clients:
+            node = self.hosts.get(client)
+            if node is None:
+                log.warning("round %d: no node hosts client %d; it is dropped", round, client)
+                continue
+            content = protocol.train_request(round, client, self.accepted.get(client, 0), payloads[client])
+            request = self.grid.create_message(
+                content, protocol.TRAIN, node, str(round), ttl=self.round_timeout
+            )
+            ledger.record_wire(round, client, Direction.DOWN, protocol.wire_size(request))
+            requests[client] = request
+        replies = self._exchange(list(requests.values()))
+        part, arrivals = RoundPart(accumulated=None), []
+        for client in clients:
+            request = requests.get(client)
+            reply = None if request is None else replies.get(request.metadata.message_id)
+            if payloads[client]:
+                ledger.record(
+                    round, client, Direction.DOWN, len(payloads[client]), delivered=reply is not None
+                )
+            if reply is None:
+                if request is not None:
+                    log.warning(
+                        "round %d: client %d did not reply in %g s; dropped",
+                        round,
+                        client,
+                        self.round_timeout,
+                    )
+                continue
+            ledger.record_wire(round, client, Direction.UP, protocol.wire_size(reply))
+            if reply.has_error():
+                part.failed.append((client, reply.error.reason))
+                continue
+            try:
+                answer = protocol.read_reply(reply.content)
+                if (answer.round, answer.client) != (round, client):
+                    raise CodecError(f"reply for client {answer.client} in round {answer.round}")
+                uplink = protocol.message_of(answer.payload)
+            except CodecError as error:
+                part.rejected.append((client, f"malformed reply: {error}"))
+                continue
+            if uplink is None:  # the client stayed silent
+                continue
+            ledger.record(round, client, Direction.UP, len(answer.payload), delivered=True)
+            self.pipeline.admit(part, arrivals, round, client, uplink, spec)
+        for client in part.accepted:
+            self.accepted[client] = round
+        part.accumulated = self.pipeline.accumulate(arrivals)
+        return part

@@ -1,0 +1,116 @@
+"""taciturn messages inside Flower messages, and what they cost on the wire.
+
+Every Flower message of a deployed run carries one ConfigRecord named ``taciturn``:
+
+    train request (server -> node):  round, client, accepted, payload
+    train reply   (node -> server):  round, client, payload
+    query reply   (node -> server):  clients (the ids the node hosts)
+
+``payload`` is the codec's safetensors encoding of a taciturn Message (core/codec.py), or empty
+bytes for "no model": a downlink the algorithm left silent (event-based ADMM's unchanged z) or a
+silent uplink (an event trigger that did not fire). Flower carries bytes in a ConfigRecord as
+they are, so nothing on the wire is pickled and the payload is byte for byte what the simulation
+counts. ``accepted`` is the last round whose uplink from this client the server accepted (0:
+none), the acknowledgement that lets the node commit the client state it staged then
+(node_state.py; DESIGN.md, "Acceptance").
+
+Wire size: Flower 1.42 sends a message as a tree of objects (the Message with its metadata, its
+RecordDict, each record), each serialized on its own (``deflate``); the sum of their sizes is what
+crosses the network above gRPC/HTTP2/TLS framing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+from taciturn.core.codec import CodecError, decode, encode
+from taciturn.core.message import Message as TaciturnMessage
+
+RECORD = "taciturn"
+TRAIN = "train"
+QUERY = "query"
+
+
+def payload_of(message: TaciturnMessage | None) -> bytes:
+    return b"" if message is None else encode(message)
+
+
+def message_of(payload: bytes) -> TaciturnMessage | None:
+    return None if not payload else decode(payload)
+
+
+def train_request(round: int, client: int, accepted: int, payload: bytes) -> RecordDict:
+    return RecordDict(
+        {RECORD: ConfigRecord({"round": round, "client": client, "accepted": accepted, "payload": payload})}
+    )
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    round: int
+    client: int
+    accepted: int
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class TrainReply:
+    round: int
+    client: int
+    payload: bytes
+
+
+def read_request(content: RecordDict) -> TrainRequest:
+    record = _record(content)
+    return TrainRequest(
+        _int(record, "round"), _int(record, "client"), _int(record, "accepted"), _bytes(record, "payload")
+    )
+
+
+def train_reply(round: int, client: int, payload: bytes) -> RecordDict:
+    return RecordDict({RECORD: ConfigRecord({"round": round, "client": client, "payload": payload})})
+
+
+def read_reply(content: RecordDict) -> TrainReply:
+    record = _record(content)
+    return TrainReply(_int(record, "round"), _int(record, "client"), _bytes(record, "payload"))
+
+
+def query_reply(clients: tuple[int, ...]) -> RecordDict:
+    return RecordDict({RECORD: ConfigRecord({"clients": list(clients)})})
+
+
+def read_query_reply(content: RecordDict) -> tuple[int, ...]:
+    clients = _record(content).get("clients")
+    if not isinstance(clients, list) or not all(isinstance(c, int) and c >= 0 for c in clients):
+        raise CodecError(f"a query reply names its clients as a list of ids >= 0, got {clients!r}")
+    return tuple(clients)
+
+
+def wire_size(message: Message) -> int:
+    """Bytes of the serialized Flower message: every object of its tree, as Flower sends them."""
+    return sum(len(obj.deflate()) for obj in get_all_nested_objects(message).values())
+
+
+def _record(content: RecordDict) -> ConfigRecord:
+    record = content.config_records.get(RECORD)
+    if record is None:
+        raise CodecError(f"a taciturn Flower message carries a ConfigRecord named {RECORD!r}")
+    return record
+
+
+def _int(record: ConfigRecord, key: str) -> int:
+    value = record.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CodecError(f"record field {key!r} must be an integer, got {value!r}")
+    return value
+
+
+def _bytes(record: ConfigRecord, key: str) -> bytes:
+    value = record.get(key)
+    if not isinstance(value, bytes):
+        raise CodecError(f"record field {key!r} must be bytes, got {type(value).__name__}")
+    return value

@@ -1,0 +1,71 @@
+"""An in-process stand-in for Flower's Grid: the ServerApp's messages go straight to the ClientApp.
+
+It is Flower's own Message, RecordDict and ClientApp dispatch, without SuperLink processes, so
+the deployed round logic can be checked exactly against the simulation in milliseconds; a reply
+can be lost on purpose (``lose``), as a network or a dead node would lose it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
+
+from taciturn.deploy import client_app, protocol
+from taciturn.experiments.config import RunConfig, to_toml
+
+SERVER_NODE = 0
+
+
+class FakeGrid(Grid):
+    def __init__(self, config: RunConfig, hosts: list[list[int]], state_root: Path, lose=frozenset()):
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SERVER_NODE, 1
+        self.run_config = {"taciturn-config": to_toml(config)}
+        self.node_configs = {
+            node: {"clients": ",".join(map(str, clients)), "state-dir": str(state_root / f"node{node}")}
+            for node, clients in enumerate(hosts, start=1)
+        }
+        self.lose = set(lose)  # (round, client) whose train reply never arrives
+        self.replies: dict[str, Message] = {}
+        self.requests: list[Message] = []
+
+    def set_run(self, run) -> None:
+        pass
+
+    @property
+    def run(self):
+        return None
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None) -> Message:
+        return Message(content, dst_node_id, message_type, group_id=group_id, ttl=ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.node_configs)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids = []
+        for message in messages:
+            message.metadata.__dict__["_message_id"] = message.object_id  # as Flower's grid does
+            ids.append(message.object_id)
+            self.requests.append(message)
+            node = message.metadata.dst_node_id
+            context = Context(1, node, self.node_configs[node], RecordDict(), self.run_config)
+            try:
+                reply = client_app.app(message, context)
+            except Exception as error:  # the SuperNode turns a ClientApp's exception into an error reply
+                reply = Message(Error(code=0, reason=f"{type(error).__name__}: {error}"), reply_to=message)
+            if message.metadata.message_type == protocol.TRAIN:
+                request = protocol.read_request(message.content)
+                if (request.round, request.client) in self.lose:
+                    continue
+            self.replies[message.object_id] = reply
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return [self.replies.pop(i) for i in message_ids if i in self.replies]
+
+    def send_and_receive(self, messages, *, timeout=None):
+        raise AssertionError("the deployed executor pushes and pulls itself")

@@ -1,0 +1,129 @@
+"""Deployed rounds (taciturn.deploy) against the simulation: same numbers, same payload bytes."""
+
+import csv
+
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+from taciturn.core.ledger import PAYLOAD
+from taciturn.core.rng import SERVER, Streams
+from taciturn.deploy import protocol
+from taciturn.deploy.node_state import NodeStateStore
+from taciturn.deploy.server_app import run_deployed
+from taciturn.deploy.settings import DeployError, NodeSettings, ServerSettings
+from taciturn.experiments.runner import start
+from taciturn.report.rundir import RunDir
+from tests.conftest import tiny_config
+from tests.deploy_fakes import FakeGrid
+
+HOSTS = [[0, 1, 2], [3, 4, 5], [6, 7]]  # three nodes, eight clients
+ALGORITHMS = {
+    "fedavg": {"name": "fedavg", "fraction": 0.5, "local": {"batch_size": 16, "lr": 0.1}},
+    "scaffold": {"name": "scaffold", "fraction": 0.5, "local": {"batch_size": 16, "lr": 0.1}},
+    # triggers that fire sometimes: silent uplinks (empty replies) and downlinks with no model
+    "event_admm": {
+        "name": "event_admm",
+        "fraction": 1.0,
+        "delta": 0.2,
+        "delta_z": 0.1,
+        "local": {"steps": 2},
+    },
+}
+
+
+def rows(rundir: RunDir, drop=("wall_s",)):
+    return [{k: v for k, v in row.items() if k not in drop} for row in rundir.read_metrics()]
+
+
+def ledger(rundir: RunDir) -> list[dict]:
+    with rundir.ledger.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def deploy(config, tmp_path, lose=()):
+    grid = FakeGrid(config, HOSTS, tmp_path / "nodes", lose)
+    rundir = run_deployed(grid, ServerSettings(config, tmp_path / "deployed", False, 5.0))
+    return rundir, grid
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_deployed_run_equals_its_simulation(tmp_path, algorithm):
+    config = tiny_config(rounds=4, algorithm=ALGORITHMS[algorithm])
+    simulated = start(config, tmp_path / "simulated", progress=False)
+    deployed, grid = deploy(config, tmp_path)
+    assert rows(deployed) == rows(simulated)
+    payload = ["round", "client", "direction", *PAYLOAD]
+    carried = [r for r in ledger(deployed) if r["messages_sent"] != "0"]  # others: frames with no model
+    assert [{k: r[k] for k in payload} for r in carried] == [
+        {k: r[k] for k in payload} for r in ledger(simulated)
+    ]
+    # every Flower message crossed the wire, and each is its payload plus a small frame
+    wire = {(int(r["round"]), int(r["client"]), r["direction"]): r for r in ledger(deployed)}
+    trains = [m for m in grid.requests if m.metadata.message_type == protocol.TRAIN]
+    assert len(trains) == sum(1 for (_, _, d) in wire if d == "down")
+    for row in wire.values():
+        assert int(row["bytes_sent"]) < int(row["wire_bytes"]) < int(row["bytes_sent"]) + 1024
+    assert all(int(r["wire_bytes"]) == 0 for r in ledger(simulated))
+
+
+def test_event_admm_sends_empty_messages_when_its_triggers_stay_silent(tmp_path):
+    config = tiny_config(rounds=4, algorithm=ALGORITHMS["event_admm"])
+    deployed, grid = deploy(config, tmp_path)
+    requests = [protocol.read_request(m.content) for m in grid.requests if m.metadata.message_type == "train"]
+    no_model = [r for r in requests if not r.payload]
+    assert no_model and all(r.round > 1 for r in no_model)  # round 1 always syncs z
+    silent_down = {(str(r.round), str(r.client)) for r in no_model}
+    down_rows = {(r["round"], r["client"]): r for r in ledger(deployed) if r["direction"] == "down"}
+    for key in silent_down:  # a frame crossed the wire, no payload was counted
+        assert down_rows[key]["bytes_sent"] == "0" and int(down_rows[key]["wire_bytes"]) > 0
+    up = [r for r in ledger(deployed) if r["direction"] == "up"]
+    assert any(r["messages_sent"] == "0" and int(r["wire_bytes"]) > 0 for r in up)  # silent uplinks
+
+
+def dropped_uplinks(config) -> set[tuple[int, int]]:
+    """Which uplinks the simulated Channel drops: the same seeded draws (core/channel.py)."""
+    streams, lost = Streams(config.seed), set()
+    for round in range(1, config.rounds + 1):
+        picked = streams.numpy(round, SERVER, "select").choice(8, size=4, replace=False)
+        for client in picked:
+            if streams.numpy(round, int(client), "drop-up").random() < config.channel.drop_up:
+                lost.add((round, int(client)))
+    return lost
+
+
+def test_a_lost_reply_is_a_dropped_uplink(tmp_path):
+    """Lose exactly the replies the simulation's Channel drops: the model trains identically."""
+    lossy = tiny_config(rounds=5, algorithm=ALGORITHMS["fedavg"], channel={"drop_up": 0.3})
+    lost = dropped_uplinks(lossy)
+    assert 0 < len(lost) < 10
+    simulated = start(lossy, tmp_path / "simulated", progress=False)
+    deployed, _ = deploy(tiny_config(rounds=5, algorithm=ALGORITHMS["fedavg"]), tmp_path, lose=lost)
+    traffic = ("bytes_up", "bytes_down", "messages_up", "delivered_up", "delivered_down", "wall_s")
+    assert rows(deployed, traffic) == rows(simulated, traffic)
+    down = {(int(r["round"]), int(r["client"])): r for r in ledger(deployed) if r["direction"] == "down"}
+    for key in lost:  # no reply: the request is counted as sent, not delivered
+        assert down[key]["messages_delivered"] == "0"
+
+
+def test_node_state_commits_only_the_accepted_round(tmp_path):
+    store = NodeStateStore(tmp_path)
+    (tmp_path / "notes.txt").write_text("not ours")
+    store.put(3, {"c": torch.zeros(2)})
+    store.stage(3, 4, {"c": torch.ones(2)})
+    store.settle(3, accepted=2)  # round 4's uplink was lost or rejected
+    assert torch.equal(store.get(3)["c"], torch.zeros(2))
+    store.stage(3, 5, {"c": torch.full((2,), 5.0)})
+    store.settle(3, accepted=5)
+    assert torch.equal(NodeStateStore(tmp_path).get(3)["c"], torch.full((2,), 5.0))  # survives a restart
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["client-3.safetensors", "notes.txt"]
+
+
+def test_bad_settings_fail_clearly():
+    with pytest.raises(DeployError, match="clients"):
+        NodeSettings.from_node_config({"state-dir": "/tmp/x"})
+    with pytest.raises(DeployError, match="expected client ids"):
+        NodeSettings.from_node_config({"clients": "a,b", "state-dir": "/tmp/x"})
+    with pytest.raises(DeployError, match="network decides"):
+        ServerSettings.from_run_config({"taciturn-config": "[channel]\ndrop_up = 0.1\n", "out": "/tmp/run"})
