@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 from docs_section import markdown_table, replace_section
+from intervals import t_interval
 from rich.console import Console
 from rich.table import Table
-from scipy import stats
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
@@ -326,17 +326,15 @@ def run_workload(name: str, reps: int, quick: bool) -> dict[str, Any]:
 def ratio_interval(times: list[float], floor: list[float]) -> dict[str, float]:
     """The ratio of an implementation's wall time to the floor's, paired by repetition (they ran
     back to back, so they shared the machine's state): the geometric mean with a 95% t-interval of
-    the log ratios, and the median. One repetition gives no interval."""
+    the log ratios (benchmarks/intervals.py), and the median. One repetition gives no interval."""
     logs = np.log(np.asarray(times) / np.asarray(floor))
-    n = len(logs)
-    half = float(stats.t.ppf(0.975, n - 1) * logs.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
-    mean = float(logs.mean())
+    low, high = t_interval(logs) if len(logs) > 1 else (float("nan"), float("nan"))
     return {
         "median": float(np.median(np.exp(logs))),
-        "mean": float(np.exp(mean)),
-        "low": float(np.exp(mean - half)),
-        "high": float(np.exp(mean + half)),
-        "reps": n,
+        "mean": float(np.exp(logs.mean())),
+        "low": float(np.exp(low)),
+        "high": float(np.exp(high)),
+        "reps": len(logs),
     }
 
 
