@@ -190,3 +190,25 @@ def test_export_writes_a_state_dict_the_users_class_loads(tmp_path):
     assert not torch.equal(load_file(str(earlier))["weight"], load_file(str(path))["weight"])
     with pytest.raises(ConfigError, match=r"keeps checkpoints of rounds \[2, 4\]"):
         taciturn.export(result.dir, tmp_path / "r1.safetensors", round=1)
+
+
+def test_a_users_loss_gives_the_same_numbers_vectorized_and_sequential(tmp_path):
+    """The vectorized executor pads and weights each client's samples: per-sample losses must be
+    one number per sample (a (B, 1) regression output reduced over its elements)."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(200, 4, generator=g)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [0.0]])
+    data = taciturn.data.from_tensors(x[:160], y[:160], x[160:], y[160:])
+    rows = {}
+    for executor in ("sequential", "vectorized"):
+        config = {**CONFIG, "engine": {"executor": executor}}
+        result = taciturn.run(
+            config,
+            model=linear_model(features=4, classes=1),
+            data=data,
+            loss=F.mse_loss,
+            out=tmp_path / executor,
+        )
+        rows[executor] = result.metrics
+    for a, b in zip(rows["sequential"], rows["vectorized"], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)

@@ -196,3 +196,20 @@ def test_batchnorm_with_a_cumulative_average_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"BatchNorm with momentum=None"):
         config = {"rounds": 1, "partition": {"kind": "iid", "num_clients": 2}}
         taciturn.run(config, model=model, data=(x, y, x, y), out=tmp_path / "run", report=False)
+
+
+def test_a_batch_of_one_is_skipped_with_batchnorm(tmp_path):
+    """33 samples in batches of 32 leave a batch of one, which BatchNorm cannot normalise in training:
+    the step is skipped (DataLoader's drop_last), so one step per client equals one step of 32."""
+    x, y = two_classes(n0=33, n1=33)
+    config = {
+        "rounds": 1,
+        "partition": {"kind": "one_class", "num_clients": 2},
+        "algorithm": {"fraction": 1.0, "local": {"epochs": 1, "batch_size": 32, "lr": 0.1}},
+        "engine": {"executor": "sequential"},
+    }
+    result = taciturn.run(
+        config, model=bn_mlp(), data=(x, y, x[:4], y[:4]), out=tmp_path / "run", report=False
+    )
+    assert result.metrics[-1]["failed"] == 0 and result.metrics[-1]["clients"] == 2
+    assert result.model[1].num_batches_tracked == 0  # integer buffers are not federated

@@ -148,7 +148,8 @@ def export(
     format: str = "state_dict",
     round: int | None = None,
     model: nn.Module | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write the run's global model (of its last checkpoint, or of ``round``): a safetensors
     state_dict for ``model.load_state_dict``, or a Hugging Face ``save_pretrained`` folder ("hf")."""
-    return _export(run_dir, out, format, round, model)
+    return _export(run_dir, out, format, round, model, overwrite)

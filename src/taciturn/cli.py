@@ -64,7 +64,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from taciturn.experiments.export import export
 
-    path = export(_existing_run(args.run).path, Path(args.out), args.format, args.round)
+    path = export(
+        _existing_run(args.run).path, Path(args.out), args.format, args.round, overwrite=args.overwrite
+    )
     console.print(f"exported: [bold]{path}[/]")
     return 0
 
@@ -192,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="state_dict: safetensors for model.load_state_dict; hf: save_pretrained (Hugging Face models)",
     )
     export.add_argument("--round", type=int, help="a kept checkpoint's round (default: the last)")
+    export.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     export.set_defaults(func=cmd_export)
 
     report = sub.add_parser("report", help="rebuild plots and report.html of run directories")

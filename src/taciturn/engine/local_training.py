@@ -5,6 +5,8 @@ The optimizer is SGD with PyTorch's semantics (torch.optim.SGD, dampening 0, no 
 where clip optionally rescales the gradient to a maximum global L2 norm (clip_grad_norm_).
 Buffers (``ctx.buffers``: BatchNorm statistics) take no gradient and no optimizer step: the
 forward pass updates them in place, and they come back with the trained parameters.
+BatchNorm cannot normalise a batch of one sample in training, so with buffers such a step (the
+tail of an epoch) is skipped, as ``DataLoader(drop_last=True)`` would.
 Stochastic layers (dropout) draw from the global generator, seeded per (round, client).
 """
 
@@ -54,7 +56,10 @@ def train_locally(
     total_loss, steps = 0.0, 0
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(ctx.streams.seed_for(ctx.round, ctx.client, "layers"))
-        for batch in ctx.batches(config):
+        for indices in ctx.batch_indices(config):
+            if ctx.buffers and len(indices) < 2:
+                continue
+            batch = ctx.data.batch(indices)
             current: Params = dict(zip(names, params, strict=True)) | buffers
             value = algorithm.objective(ctx.loss, current, batch, work.consts)
             grads = list(torch.autograd.grad(value, params))

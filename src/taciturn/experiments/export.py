@@ -122,14 +122,15 @@ def export(
     format: str = "state_dict",
     round: int | None = None,
     model: nn.Module | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write the run's global model to ``out``: a .safetensors state_dict, or (format "hf") a
-    Hugging Face ``save_pretrained`` folder. Refuses to replace an existing file."""
+    Hugging Face ``save_pretrained`` folder. An existing file is replaced only with ``overwrite``."""
     out = Path(out)
     if format not in FORMATS:
         raise ConfigError(f"--format {format!r}: choose one of {', '.join(FORMATS)}")
-    if out.exists():
-        raise FileExistsError(f"{out} exists; choose another --out or remove it")
+    if out.exists() and not (overwrite and (out.is_file() or format == "hf")):
+        raise FileExistsError(f"{out} exists; choose another --out, or pass --overwrite to replace it")
     if format == "hf":
         trained = load_model(path, model, round)
         if not hasattr(trained, "save_pretrained"):

@@ -60,8 +60,10 @@ class CustomTask(ClassificationTask):
     def output_loss(self, outputs: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         if reduction == "mean":
             return self.loss_fn(outputs, y)
-        if self.weighted_batches:
-            return self.loss_fn(outputs, y, reduction=reduction)
+        if self.weighted_batches:  # per-sample: the mean over each sample's elements, as "mean" takes
+            per_element = self.loss_fn(outputs, y, reduction="none")
+            per_sample = per_element.reshape(len(y), -1).mean(dim=1) if per_element.ndim > 1 else per_element
+            return per_sample if reduction == "none" else per_sample.sum()
         if reduction == "sum":
             return self.loss_fn(outputs, y) * len(y)
         raise ValueError("this loss gives no per-sample values: it needs a reduction keyword")
