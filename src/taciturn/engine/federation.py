@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from taciturn.algorithms.base import Algorithm, Arrival
 from taciturn.core.rng import SERVER, Streams
 from taciturn.engine.executor import Executor
@@ -47,21 +49,25 @@ class Federation:
         streams: Streams,
         data: ClientData,
         aggregation: ServerAggregation | None = None,
+        poisson_rate: float | None = None,
     ):
         self.algorithm = algorithm
         self.executor = executor
         self.streams = streams
         self.data = data
         self.aggregation = aggregation  # the server chain (robust rules, clipping, DP), if any
+        # Poisson sampling (DP accounting): each client joins a round with this probability,
+        # instead of the algorithm's fixed-size draw.
+        self.poisson_rate = poisson_rate
 
     def run_round(self, state: Any, round: int) -> tuple[Any, RoundReport]:
         algorithm = self.algorithm
-        selected = [
-            int(c)
-            for c in algorithm.select_clients(
-                state, round, self.data.num_clients, self.streams.numpy(round, SERVER, "select")
-            )
-        ]
+        rng = self.streams.numpy(round, SERVER, "select")
+        if self.poisson_rate is None:
+            chosen = algorithm.select_clients(state, round, self.data.num_clients, rng)
+        else:
+            chosen = np.flatnonzero(rng.random(self.data.num_clients) < self.poisson_rate)
+        selected = [int(c) for c in chosen]
         downlink = algorithm.downlink(state, round, selected)
         part = self.executor.serve(round, selected, downlink, algorithm.uplink_spec(state))
         report = RoundReport(

@@ -33,6 +33,7 @@ from taciturn.core.rng import Streams
 from taciturn.core.state_store import ClientStateStore
 from taciturn.engine.trust import TrustConfig, TrustedWeights
 from taciturn.engine.validation import uplink_problem
+from taciturn.privacy.gaussian import LocalGaussian
 from taciturn.tasks.base import ClientData
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class ClientPipeline:
         buffers: frozenset[str] = frozenset(),
         per_client: bool = False,
         poisoning: ModelPoisoning | None = None,
+        local_dp: LocalGaussian | None = None,
     ):
         self.algorithm = algorithm
         self.buffers = buffers  # parameter names local training updates without a gradient
@@ -82,6 +84,7 @@ class ClientPipeline:
         # themselves instead of the algorithm's partial sums.
         self.per_client = per_client
         self.poisoning = poisoning  # simulated attackers' uplinks (attacks/poisoning.py), if any
+        self.local_dp = local_dp  # each client's own clip and noise (privacy/gaussian.py), if any
         algorithm.use_streams(streams)  # before any worker forks: every copy of the algorithm has them
         self.trust = TrustedWeights(trust or TrustConfig(), data)
         algorithm.use_population(data.num_clients, self.trust.total())
@@ -151,6 +154,8 @@ class ClientPipeline:
                 self.store.put(ctx.client, output.state)
             if output.uplink is not None:
                 uplinks.append((ctx.client, output.uplink))
+        if self.local_dp is not None:
+            uplinks = [(client, self.local_dp.apply(round, client, uplink)) for client, uplink in uplinks]
         if self.poisoning is not None:
             uplinks = self.poisoning.forge(round, uplinks)
         for client, uplink in uplinks:

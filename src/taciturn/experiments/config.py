@@ -22,6 +22,7 @@ from taciturn.attacks.config import AttackConfig
 from taciturn.core.errors import TaciturnError
 from taciturn.engine.analysis import AnalysisConfig
 from taciturn.engine.trust import TrustConfig
+from taciturn.privacy.config import PrivacyConfig
 from taciturn.server.config import AggregationConfig
 from taciturn.tasks.layers import BIAS_VAR, WEIGHT_VAR
 
@@ -300,6 +301,7 @@ class RunConfig(StrictModel):
     server: TrustConfig = TrustConfig()
     aggregation: AggregationConfig = AggregationConfig()
     attack: AttackConfig = AttackConfig()
+    privacy: PrivacyConfig = PrivacyConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -351,8 +353,21 @@ class RunConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _privacy_fits(self) -> RunConfig:
+        if not self.privacy.enabled:
+            return self
+        if self.privacy.mode == "central" and self.aggregation != AggregationConfig():
+            raise ValueError(
+                "[privacy] central DP clips to privacy.clip and adds noise to the plain sum; leave "
+                "[aggregation] at its defaults (robust rules and adaptive clipping change the sensitivity)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _server_chain_needs_a_delta(self) -> RunConfig:
-        if self.aggregation.per_client and REGISTRY[self.algorithm.name].delta_prefix is None:
+        if (self.aggregation.per_client or self.privacy.enabled) and REGISTRY[
+            self.algorithm.name
+        ].delta_prefix is None:
             raise ValueError(
                 f"[aggregation] combines model deltas; algorithm '{self.algorithm.name}' sends none "
                 "(use fedavg, fedprox or scaffold)"

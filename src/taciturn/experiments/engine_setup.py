@@ -23,7 +23,10 @@ from taciturn.engine.pipeline import ClientPipeline
 from taciturn.engine.trial import TrialExecutor
 from taciturn.engine.vectorized import VectorizedExecutor
 from taciturn.experiments.config import ConfigError, RunConfig
+from taciturn.privacy.gaussian import GaussianSum, LocalGaussian, expected_clients
 from taciturn.server.aggregation import ServerAggregation, build_chain
+from taciturn.server.clipping import NormBound
+from taciturn.server.transform import Chain
 from taciturn.tasks.base import ClientData, Task
 
 DISK_STORE_CLIENTS = 1000  # with more stateful clients than this, "auto" keeps their state on disk
@@ -100,10 +103,17 @@ def build_federation(
     streams: Streams,
     out: Path,
     remote: ExecutorFactory | None = None,
+    noise_multiplier: float | None = None,
 ) -> tuple[Federation, ClientStateStore, str]:
+    """``noise_multiplier``: z of client-level DP, solved before work when [privacy] is on."""
     if config.engine.threads:
         torch.set_num_threads(config.engine.threads)
     picked = None if remote is not None else choose_executor(config, algorithm, task, data)
+    chain, local_dp = server_chain(config, data, noise_multiplier), None
+    privacy = config.privacy
+    if privacy.enabled and privacy.mode == "local":
+        assert noise_multiplier is not None and algorithm.delta_prefix is not None
+        local_dp = LocalGaussian(noise_multiplier, privacy.clip, algorithm.delta_prefix, streams)
     poisoning = None
     if config.attack.active and config.attack.kind != "label_flip":
         attackers = pick_attackers(config.attack.fraction, data.num_clients, streams)
@@ -124,8 +134,9 @@ def build_federation(
         keep_arrivals=config.analysis.divergence,
         trust=config.server,
         buffers=getattr(task, "buffers", frozenset()),
-        per_client=config.aggregation.per_client,
+        per_client=chain is not None,
         poisoning=poisoning,
+        local_dp=local_dp,
     )
     if picked is None:
         executor = remote(pipeline)
@@ -139,12 +150,21 @@ def build_federation(
         named = f"{picked.executor} or {picked.challenger}" if picked.challenger else picked.executor
         workers = f" with {picked.workers} workers" if picked.workers else ""
         note = f"executor: {named}{workers} ({picked.reason}); client state: {type(store).__name__}"
-    aggregation = (
-        ServerAggregation(build_chain(config.aggregation), algorithm, streams)
-        if config.aggregation.per_client
-        else None
-    )
-    return Federation(algorithm, executor, streams, data, aggregation), store, note
+    aggregation = None if chain is None else ServerAggregation(chain, algorithm, streams)
+    poisson = config.algorithm.fraction if privacy.enabled and privacy.sampling == "poisson" else None
+    return Federation(algorithm, executor, streams, data, aggregation, poisson), store, note
+
+
+def server_chain(config: RunConfig, data: ClientData, noise_multiplier: float | None) -> Chain | None:
+    """The server's chain: central DP's clip and noisy sum, or [aggregation]'s; None for the plain
+    mean, which the algorithm's own partial sums compute."""
+    privacy = config.privacy
+    if privacy.enabled and privacy.mode == "central":
+        assert noise_multiplier is not None
+        per_round = config.algorithm.clients_per_round(data.num_clients)
+        expected = expected_clients(privacy.sampling, config.algorithm.fraction, data.num_clients, per_round)
+        return Chain([NormBound(privacy.clip), GaussianSum(noise_multiplier, privacy.clip, expected)])
+    return build_chain(config.aggregation) if config.aggregation.per_client else None
 
 
 def build_executor(name: str, workers: int, pipeline: ClientPipeline) -> Executor:

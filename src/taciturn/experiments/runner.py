@@ -85,6 +85,7 @@ class Experiment:
     federation: Federation
     engine_note: str  # which executor and store, and why
     analysis: Analysis | None = None
+    accountant: Any = None  # privacy/accountant.py Accountant when [privacy] is on
 
 
 def build_task(
@@ -180,6 +181,7 @@ def prepare(
             raise ConfigError("[attack] label_flip needs a classification dataset")
         data = flip_labels(data, pick_attackers(config.attack.fraction, data.num_clients, streams))
     algorithm = build_algorithm(config.algorithm)
+    accountant = build_accountant(config, data.num_clients) if config.privacy.enabled else None
     if getattr(task, "buffers", None) and not algorithm.averages_buffers:
         raise ConfigError(
             f"[algorithm.name] '{algorithm.name}' cannot federate a model with buffers (e.g. BatchNorm "
@@ -190,7 +192,15 @@ def prepare(
     ledger = ledger or Ledger()
     channel = Channel(ledger, streams, config.channel.drop_up, config.channel.drop_down)
     federation, store, engine_note = build_federation(
-        config, algorithm, task, data, channel, streams, out, remote
+        config,
+        algorithm,
+        task,
+        data,
+        channel,
+        streams,
+        out,
+        remote,
+        noise_multiplier=accountant and accountant.noise_multiplier,
     )
     analysis = (
         Analysis(config.analysis, task.model, task, data, algorithm, streams)
@@ -198,8 +208,39 @@ def prepare(
         else None
     )
     return Experiment(
-        config, RunDir(out), streams, data, task, algorithm, ledger, store, federation, engine_note, analysis
+        config,
+        RunDir(out),
+        streams,
+        data,
+        task,
+        algorithm,
+        ledger,
+        store,
+        federation,
+        engine_note,
+        analysis,
+        accountant,
     )
+
+
+def build_accountant(config: RunConfig, num_clients: int) -> Any:
+    """Client-level DP's accountant, with z given or solved for the target epsilon before any work."""
+    try:
+        from taciturn.privacy.accountant import Accountant, solve_noise_multiplier
+    except ImportError:
+        raise ConfigError("[privacy] needs dp-accounting: pip install 'taciturn[dp]'") from None
+    privacy, fraction = config.privacy, config.algorithm.fraction
+    per_round = config.algorithm.clients_per_round(num_clients)
+    z = privacy.noise_multiplier or solve_noise_multiplier(
+        privacy, num_clients, fraction, per_round, config.rounds
+    )
+    log.info(
+        "client-level DP: noise multiplier %.4f (%s accountant, delta %g)",
+        z,
+        privacy.accountant,
+        privacy.delta,
+    )
+    return Accountant(privacy, z, num_clients, fraction, per_round)
 
 
 def _write_partition(exp: Experiment) -> None:
@@ -306,6 +347,7 @@ def _evaluate(
         "skipped": counters.get("skipped", 0),
         "wall_s": round(counters["wall_s"], 3),
         **({} if report is None else report.server_info),
+        **({} if exp.accountant is None else {"epsilon": exp.accountant.epsilon(counters["round"])}),
     }
 
 
