@@ -29,6 +29,7 @@ class ArrayDataset:
     y_test: torch.Tensor
     num_classes: int
     source: str  # where the data came from (shown in the report)
+    groups: np.ndarray | None = None  # a client id per training sample (the "natural" partition)
 
     @property
     def input_shape(self) -> tuple[int, ...]:

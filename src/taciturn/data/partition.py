@@ -104,9 +104,30 @@ def one_class(labels: np.ndarray, num_clients: int, rng: np.random.Generator) ->
     return _split_classes(labels, owners, num_clients, rng)
 
 
+def natural(groups: np.ndarray | None) -> list[np.ndarray]:
+    """One client per distinct value of ``groups`` (a user, writer or task id per sample), in sorted
+    order of the values: the partition real cross-device data comes with. No randomness is needed."""
+    if groups is None:
+        raise PartitionError(
+            "partition.kind = 'natural' needs a client id per sample: data.dataset = 'hf' with "
+            "partition.column, or taciturn.data.from_tensors(..., groups=...) / from_hf(..., groups=...)"
+        )
+    _, inverse = np.unique(groups, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    return np.split(order, np.cumsum(np.bincount(inverse))[:-1])
+
+
 def partition(
-    labels: np.ndarray, kind: str, num_clients: int, rng: np.random.Generator, **options
+    labels: np.ndarray,
+    kind: str,
+    num_clients: int | None,
+    rng: np.random.Generator,
+    groups: np.ndarray | None = None,
+    **options,
 ) -> list[np.ndarray]:
+    """``groups``: a client id per sample, for the natural partition (which ignores ``num_clients``)."""
+    if kind == "natural":
+        return natural(groups)
     if num_clients < 1:
         raise PartitionError(f"num_clients must be at least 1, got {num_clients}")
     if num_clients > len(labels):

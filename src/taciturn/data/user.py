@@ -35,9 +35,11 @@ def from_tensors(
     y_test: Any,
     name: str = "tensors",
     num_classes: int | None = None,
+    groups: Any = None,
 ) -> ArrayDataset:
     """A dataset from four tensors (or arrays): inputs with samples along the first dimension,
-    targets either class labels (integers 0..C-1) or floating regression targets."""
+    targets either class labels (integers 0..C-1) or floating regression targets. ``groups``: a
+    client id per training sample, for ``partition.kind = "natural"``."""
     xs = [_tensor(x_train, "x_train"), _tensor(x_test, "x_test")]
     ys = [_tensor(y_train, "y_train"), _tensor(y_test, "y_test")]
     for split, x, y in (("train", xs[0], ys[0]), ("test", xs[1], ys[1])):
@@ -65,8 +67,14 @@ def from_tensors(
     else:
         ys = [y.float() for y in ys]
         classes = 0
+    if groups is not None:
+        groups = np.asarray(groups)
+        if groups.shape != (len(ys[0]),):
+            raise DataError(
+                f"groups must hold one client id per training sample ({len(ys[0])}), got {groups.shape}"
+            )
     source = f"{name}: {len(ys[0])} training and {len(ys[1])} test samples given by the user"
-    return ArrayDataset(name, xs[0], ys[0], xs[1], ys[1], classes, source)
+    return ArrayDataset(name, xs[0], ys[0], xs[1], ys[1], classes, source, groups)
 
 
 def _stack(dataset: Any, what: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,23 +111,35 @@ def _hf_columns(dataset: Any, x: str | None, y: str | None) -> tuple[str, str]:
 
 
 def from_hf(
-    train: Any, test: Any, x: str | None = None, y: str | None = None, name: str = "hf"
+    train: Any,
+    test: Any,
+    x: str | None = None,
+    y: str | None = None,
+    name: str = "hf",
+    groups: str | None = None,
 ) -> ArrayDataset:
     """A dataset from two Hugging Face ``datasets.Dataset`` with numeric input column ``x`` and
-    target column ``y`` (found by name when there is no doubt: "label", "labels", "y", "target")."""
+    target column ``y`` (found by name when there is no doubt: "label", "labels", "y", "target");
+    ``groups``: the column that names each training sample's client (the natural partition)."""
+    if groups is not None and groups not in train.column_names:
+        raise DataError(f"no column {groups!r} to partition by; columns: {', '.join(train.column_names)}")
+    if groups is not None and x is None:
+        train_columns = [c for c in train.column_names if c != groups]
+        x = next((c for c in train_columns if c not in (y, "label", "labels", "y", "target")), None)
     x, y = _hf_columns(train, x, y)
     splits = []
     for split in (train, test):
         table = split.with_format("torch", columns=[x, y])
         splits += [_tensor(table[x], f"{name} {x}"), _tensor(table[y], f"{name} {y}")]
-    return from_tensors(splits[0], splits[1], splits[2], splits[3], name=name)
+    ids = None if groups is None else np.asarray(train[groups])
+    return from_tensors(splits[0], splits[1], splits[2], splits[3], name=name, groups=ids)
 
 
 def _is_hf(value: Any) -> bool:
     return type(value).__module__.startswith("datasets")
 
 
-def _held_out(dataset: ArrayDataset, rng: np.random.Generator) -> ArrayDataset:
+def held_out(dataset: ArrayDataset, rng: np.random.Generator) -> ArrayDataset:
     """Split one set into train and a seeded HOLDOUT share for evaluation."""
     n = len(dataset.y_train)
     order = torch.from_numpy(rng.permutation(n))
@@ -127,7 +147,10 @@ def _held_out(dataset: ArrayDataset, rng: np.random.Generator) -> ArrayDataset:
     test, train = order[:cut], order[cut:]
     x, y = dataset.x_train, dataset.y_train
     source = f"{dataset.name}: {len(train)} training samples, {cut} held out ({HOLDOUT:.0%}, seeded)"
-    return ArrayDataset(dataset.name, x[train], y[train], x[test], y[test], dataset.num_classes, source)
+    groups = None if dataset.groups is None else dataset.groups[train.numpy()]
+    return ArrayDataset(
+        dataset.name, x[train], y[train], x[test], y[test], dataset.num_classes, source, groups
+    )
 
 
 def as_dataset(data: Any, rng: np.random.Generator) -> ArrayDataset:
@@ -146,10 +169,10 @@ def as_dataset(data: Any, rng: np.random.Generator) -> ArrayDataset:
             raise DataError(f"a DatasetDict needs 'train' and 'test' splits, it has {', '.join(data.keys())}")
         return from_hf(data["train"], data["test"])
     if _is_hf(data):
-        return _held_out(from_hf(data, data.select(range(1))), rng)
+        return held_out(from_hf(data, data.select(range(1))), rng)
     if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
         x, y = _stack(data, "data")
-        return _held_out(from_tensors(x, y, x[:1], y[:1], name=type(data).__name__), rng)
+        return held_out(from_tensors(x, y, x[:1], y[:1], name=type(data).__name__), rng)
     raise DataError(
         f"cannot use a {type(data).__name__} as data: give taciturn.data.from_tensors(...), a torch "
         "Dataset of (x, y) items, a (train, test) pair of them, or a Hugging Face dataset"

@@ -97,6 +97,32 @@ class FactoryData(StrictModel):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the factory")
 
 
+class HfData(StrictModel):
+    """A Hugging Face dataset from local files (data/hf.py): a ``save_to_disk`` folder, or json,
+    csv or parquet files through ``datasets.load_dataset``. A text column is tokenized with the
+    tokenizer of an ``hf`` model; without "test" a seeded 10% of "train" is held out."""
+
+    dataset: Literal["hf"]
+    format: Literal["disk", "json", "csv", "parquet"] = "disk"
+    path: Path | None = Field(None, description="disk: the folder written by DatasetDict.save_to_disk")
+    data_files: dict[str, str] | None = Field(
+        None, description='json/csv/parquet: {"train" = ..., "test" = ...}'
+    )
+    text: str = Field("text", description="the text column, tokenized by the hf model's tokenizer")
+    input: str | None = Field(None, description="a numeric input column instead of text")
+    label: str = Field("label", description="the class label column")
+
+    @model_validator(mode="after")
+    def _where(self) -> HfData:
+        if self.format == "disk" and self.path is None:
+            raise ValueError("data.format = 'disk' reads a save_to_disk folder: set data.path")
+        if self.format != "disk" and not (self.data_files and "train" in self.data_files):
+            raise ValueError(
+                f"data.format = '{self.format}' reads files: set data.data_files = {{ train = ... }}"
+            )
+        return self
+
+
 class PythonData(StrictModel):
     """Data handed to ``taciturn.run(data=...)`` as a Python object; resuming needs it again."""
 
@@ -105,7 +131,7 @@ class PythonData(StrictModel):
 
 
 DataConfig = Annotated[
-    FashionMnistData | DigitsData | SyntheticData | InstructionData | FactoryData | PythonData,
+    FashionMnistData | DigitsData | SyntheticData | InstructionData | FactoryData | HfData | PythonData,
     Field(discriminator="dataset"),
 ]
 
@@ -134,8 +160,20 @@ class OneClassPartition(StrictModel):
     num_clients: int = Field(10, ge=1)
 
 
+class NaturalPartition(StrictModel):
+    """One client per value of a data column (user, writer, task id): data as it comes from devices."""
+
+    kind: Literal["natural"]
+    column: str = Field(description="the column (HF datasets) whose values name the clients")
+
+    @property
+    def num_clients(self) -> None:
+        return None  # as many as the column has values
+
+
 PartitionConfig = Annotated[
-    IidPartition | DirichletPartition | ShardsPartition | OneClassPartition, Field(discriminator="kind")
+    IidPartition | DirichletPartition | ShardsPartition | OneClassPartition | NaturalPartition,
+    Field(discriminator="kind"),
 ]
 
 
@@ -186,17 +224,26 @@ class CnnModel(ParameterizationOptions):
 
 
 class CausalLmModel(StrictModel):
-    """A causal language model: a tiny random Llama/GPT-2 over bytes, or a GGUF checkpoint."""
+    """A causal language model: a tiny random Llama/GPT-2 over bytes, a GGUF checkpoint, or a
+    Hugging Face model folder (save_pretrained: AutoModelForCausalLM and its tokenizer)."""
 
     kind: Literal["causal_lm"]
-    source: Literal["tiny", "gguf"] = "tiny"
-    path: Path | None = Field(None, description="gguf: the .gguf file (default: SmolLM2-135M-Instruct)")
+    source: Literal["tiny", "gguf", "hf"] = "tiny"
+    path: Path | None = Field(
+        None, description="gguf: the .gguf file (default: SmolLM2-135M-Instruct); hf: the model folder"
+    )
     architecture: Literal["llama", "gpt2"] = "llama"
     hidden: int = Field(64, ge=1, description="tiny: width")
     layers: int = Field(2, ge=1, description="tiny: transformer blocks")
     heads: int = Field(4, ge=1, description="tiny: attention heads (must divide hidden)")
     max_length: int = Field(128, ge=8, description="tokens per training example (prompt + response)")
     max_new_tokens: int = Field(32, ge=1, description="greedy generation length at evaluation")
+
+    @model_validator(mode="after")
+    def _hf_needs_a_path(self) -> CausalLmModel:
+        if self.source == "hf" and self.path is None:
+            raise ValueError("model.source = 'hf' reads a save_pretrained folder: set model.path")
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> CausalLmModel:
@@ -210,6 +257,16 @@ class CausalLmModel(StrictModel):
 class LenetModel(ParameterizationOptions):
     kind: Literal["lenet"]
     width: int = Field(1, ge=1, description="k: conv 6k, 16k; fc 120k, 84k (Jian & Liu's CNN_k)")
+
+
+class HfModel(StrictModel):
+    """A Hugging Face sequence classifier (AutoModelForSequenceClassification and its tokenizer)."""
+
+    kind: Literal["hf"]
+    name_or_path: str = Field(
+        description="a folder written by save_pretrained (a hub id where there is internet)"
+    )
+    max_length: int = Field(128, ge=2, description="tokens per text (truncated or padded)")
 
 
 class FactoryModel(StrictModel):
@@ -229,7 +286,7 @@ class PythonModel(StrictModel):
 
 
 ModelConfig = Annotated[
-    LogRegModel | MlpModel | CnnModel | LenetModel | CausalLmModel | FactoryModel | PythonModel,
+    LogRegModel | MlpModel | CnnModel | LenetModel | CausalLmModel | HfModel | FactoryModel | PythonModel,
     Field(discriminator="kind"),
 ]
 
@@ -331,6 +388,19 @@ class RunConfig(StrictModel):
         if self.model.kind in ("cnn", "lenet") and self.data.dataset == "synthetic":
             raise ValueError(
                 f"model.kind = '{self.model.kind}' needs image data; use mlp or logreg with synthetic data"
+            )
+        text = self.data.dataset == "hf" and self.data.input is None
+        if text and self.model.kind != "hf":
+            raise ValueError(
+                "data.text needs model.kind = 'hf' (its tokenizer); or set data.input to a numeric column"
+            )
+        if self.model.kind == "hf" and not text:
+            raise ValueError(
+                "model.kind = 'hf' classifies text: use data.dataset = 'hf' with a data.text column"
+            )
+        if self.partition.kind == "natural" and self.data.dataset not in ("hf", "factory", "python"):
+            raise ValueError(
+                "partition.kind = 'natural' needs data with a client column: data.dataset = 'hf'"
             )
         if (self.model.kind == "causal_lm") != (self.data.dataset == "instructions"):
             raise ValueError("model.kind = 'causal_lm' and data.dataset = 'instructions' go together")

@@ -32,10 +32,11 @@ def model_record(task: Any, data: Any) -> dict[str, Any]:
     model, buffers = getattr(task, "model", None), getattr(task, "buffers", None)
     if not isinstance(model, nn.Module) or buffers is None or not hasattr(data, "dataset"):
         return {}
+    persistent = set(model.state_dict())
     fixed = {
         name: {"dtype": str(b.dtype).removeprefix("torch."), "value": b.tolist()}
         for name, b in model.named_buffers()
-        if name not in buffers
+        if name not in buffers and name in persistent
     }
     dataset = data.dataset
     with torch.no_grad():
@@ -81,7 +82,12 @@ def state_dict(path: Path | str, round: int | None = None) -> tuple[int, Params]
         name: torch.tensor(b["value"], dtype=getattr(torch, b["dtype"]))
         for name, b in record.get("fixed_buffers", {}).items()
     }
-    return round, {k: v.detach().contiguous() for k, v in params.items()} | fixed
+    weights = {k: v.detach().contiguous() for k, v in params.items()} | fixed
+    if config.model.kind == "hf":  # the Hugging Face model's own names, without the wrapper's
+        from taciturn.tasks.hf import WRAPPED
+
+        weights = {k.removeprefix(WRAPPED): v for k, v in weights.items()}
+    return round, weights
 
 
 def load_model(path: Path | str, model: nn.Module | None = None, round: int | None = None) -> nn.Module:
@@ -107,6 +113,10 @@ def build_model_of(config: RunConfig, rundir: RunDir) -> nn.Module:
         )
     if config.model.kind == "factory":
         return user_model(config, Streams(config.seed), UserObjects())
+    if config.model.kind == "hf":
+        from taciturn.tasks.hf import sequence_classifier
+
+        return sequence_classifier(config.model.name_or_path).model
     record = json.loads(rundir.info.read_text()).get("model") if rundir.info.exists() else None
     if not record:
         raise ConfigError(

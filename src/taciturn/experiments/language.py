@@ -7,7 +7,14 @@ from taciturn.data import instructions
 from taciturn.data.partition import partition
 from taciturn.data.tokens import TokenData
 from taciturn.experiments.config import ConfigError, RunConfig
-from taciturn.tasks.language import ByteTokenizer, LanguageModelTask, default_gguf, load_gguf, tiny_model
+from taciturn.tasks.language import (
+    ByteTokenizer,
+    HuggingFaceTokenizer,
+    LanguageModelTask,
+    default_gguf,
+    load_gguf,
+    tiny_model,
+)
 
 
 def load_instructions(config: RunConfig, streams: Streams) -> instructions.InstructionSet:
@@ -40,6 +47,14 @@ def build_language_task(config: RunConfig, streams: Streams) -> tuple[LanguageMo
     dataset = load_instructions(config, streams)
     if model_config.source == "gguf":
         model, tokenizer = load_gguf(model_config.path or default_gguf())
+    elif model_config.source == "hf":
+        from taciturn.tasks.hf import HfModelNotFound, causal_lm
+
+        try:
+            model, hf_tokenizer = causal_lm(str(model_config.path))
+        except HfModelNotFound as error:
+            raise ConfigError(f"[model.path] {error}") from None
+        tokenizer = HuggingFaceTokenizer(hf_tokenizer)
     else:
         tokenizer = ByteTokenizer()
         model = tiny_model(
@@ -65,6 +80,6 @@ def build_language_task(config: RunConfig, streams: Streams) -> tuple[LanguageMo
         model_config.max_length,
         model_config.max_new_tokens,
         config.eval.batch_size,
-        pretrained=model_config.source == "gguf",
+        pretrained=model_config.source in ("gguf", "hf"),
     )
     return task, data

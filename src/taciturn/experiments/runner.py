@@ -24,7 +24,7 @@ from taciturn.core.channel import Channel
 from taciturn.core.ledger import Direction, Ledger
 from taciturn.core.rng import SERVER, Streams
 from taciturn.core.state_store import ClientStateStore
-from taciturn.data.datasets import ArrayDataset, load_dataset
+from taciturn.data.datasets import ArrayDataset, DataError, load_dataset
 from taciturn.data.federated import FederatedData
 from taciturn.data.partition import partition
 from taciturn.engine.analysis import Analysis, TwinState
@@ -100,17 +100,18 @@ def build_task(
     objects = objects or UserObjects()
     require_objects(config, objects)
     dataset = _dataset(config, streams, objects)
-    if dataset.num_classes == 0 and config.partition.kind != "iid":
+    if dataset.num_classes == 0 and config.partition.kind not in ("iid", "natural"):
         raise ConfigError(
             f"[partition.kind] '{config.partition.kind}' splits by class, but the targets are not class "
             "labels: use partition.kind = 'iid'"
         )
-    part_options = config.partition.model_dump(exclude={"kind", "num_clients"})
+    part_options = config.partition.model_dump(exclude={"kind", "num_clients", "column"})
     parts = partition(
         dataset.y_train.numpy(),
         config.partition.kind,
         config.partition.num_clients,
         streams.numpy(0, SERVER, "partition"),
+        groups=dataset.groups,
         **part_options,
     )
     data = FederatedData.from_parts(dataset, parts)
@@ -120,8 +121,10 @@ def build_task(
         outputs = max(1, math.prod(dataset.y_train.shape[1:]))
     else:
         outputs = squared_error.num_outputs(dataset.num_classes) if squared else dataset.num_classes
-    own_model = config.model.kind in ("factory", "python")
-    if own_model:
+    own_model = config.model.kind in ("factory", "python", "hf")  # their weights are round 0's model
+    if config.model.kind == "hf":
+        model = _hf_classifier(config.model.name_or_path)
+    elif own_model:
         model = user_model(config, streams, objects)
     else:
         model_options = config.model.model_dump(exclude={"kind"})
@@ -152,9 +155,29 @@ def build_task(
     return task, data
 
 
+def _hf_classifier(name_or_path: str) -> Any:
+    from taciturn.tasks.hf import HfModelNotFound, sequence_classifier
+
+    try:
+        return sequence_classifier(name_or_path)
+    except HfModelNotFound as error:
+        raise ConfigError(f"[model.name_or_path] {error}") from None
+
+
 def _dataset(config: RunConfig, streams: Streams, objects: UserObjects) -> ArrayDataset:
     if config.data.dataset in ("factory", "python"):
         return user_dataset(config, streams, objects)
+    if config.data.dataset == "hf":
+        from taciturn.data.hf import load_hf_dataset
+        from taciturn.tasks.hf import HfModelNotFound
+
+        column = config.partition.column if config.partition.kind == "natural" else None
+        try:
+            return load_hf_dataset(config.data, config.model, column, streams.numpy(0, SERVER, "holdout"))
+        except DataError as error:
+            raise ConfigError(f"[data] {error}") from None
+        except HfModelNotFound as error:  # its tokenizer
+            raise ConfigError(f"[model.name_or_path] {error}") from None
     options = config.data.model_dump(exclude={"dataset", "path"})
     try:
         return load_dataset(
