@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
 
 from taciturn.algorithms.base import (
     Algorithm,
@@ -29,12 +31,17 @@ from taciturn.attacks.poisoning import ModelPoisoning
 from taciturn.core.channel import Channel
 from taciturn.core.ledger import Direction
 from taciturn.core.message import Message
-from taciturn.core.rng import Streams
+from taciturn.core.rng import SERVER, Streams
 from taciturn.core.state_store import ClientStateStore
 from taciturn.engine.trust import TrustConfig, TrustedWeights
 from taciturn.engine.validation import uplink_problem
 from taciturn.privacy.gaussian import LocalGaussian
+from taciturn.secagg.config import SecAggFailed
+from taciturn.secagg.quantize import dequantize_sum, levels, quantize
 from taciturn.tasks.base import ClientData
+
+if TYPE_CHECKING:  # the protocol needs the optional extra 'secagg'
+    from taciturn.secagg.protocol import SecureSum
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +81,7 @@ class ClientPipeline:
         per_client: bool = False,
         poisoning: ModelPoisoning | None = None,
         local_dp: LocalGaussian | None = None,
+        secure_sum: SecureSum | None = None,
     ):
         self.algorithm = algorithm
         self.buffers = buffers  # parameter names local training updates without a gradient
@@ -85,6 +93,7 @@ class ClientPipeline:
         self.per_client = per_client
         self.poisoning = poisoning  # simulated attackers' uplinks (attacks/poisoning.py), if any
         self.local_dp = local_dp  # each client's own clip and noise (privacy/gaussian.py), if any
+        self.secure_sum = secure_sum  # the server sees only the sum (secagg/), if any
         algorithm.use_streams(streams)  # before any worker forks: every copy of the algorithm has them
         self.trust = TrustedWeights(trust or TrustConfig(), data)
         algorithm.use_population(data.num_clients, self.trust.total())
@@ -158,7 +167,9 @@ class ClientPipeline:
             uplinks = [(client, self.local_dp.apply(round, client, uplink)) for client, uplink in uplinks]
         if self.poisoning is not None:
             uplinks = self.poisoning.forge(round, uplinks)
-        for client, uplink in uplinks:
+        if self.secure_sum is not None:
+            self._secure(part, arrivals, round, uplinks, spec)
+        for client, uplink in uplinks if self.secure_sum is None else ():
             arrived = self.channel.send(Direction.UP, round, client, uplink)
             if arrived is None:
                 continue
@@ -167,6 +178,45 @@ class ClientPipeline:
         if self.keep_arrivals:
             part.arrivals = arrivals
         return part
+
+    def _secure(self, part, arrivals, round, uplinks, spec) -> None:
+        """Secure aggregation instead of plain uplinks: each client quantises its update and takes
+        part in SecAgg (secagg/protocol.py, every message on the channel); the server gets the
+        sum over the clients that made it to the end, and its mean stands for the round's updates.
+        The server cannot check updates it cannot see: quantisation clips every coordinate."""
+        assert self.secure_sum is not None
+        config = self.secure_sum.config
+        names = sorted(spec)
+        inputs, losses = {}, {}
+        for client, uplink in uplinks:
+            if set(uplink.arrays) != set(names) or any(
+                uplink.arrays[n].shape != spec[n].shape for n in names
+            ):
+                part.rejected.append((client, "its update does not fit the secure-aggregation vector"))
+                continue
+            inputs[client] = np.concatenate([uplink.arrays[n].reshape(-1) for n in names])
+            losses[client] = uplink.meta.get("train_loss")
+        if not inputs:
+            return
+        level = levels(len(inputs), config.bits)
+        quantized = {c: quantize(x, config.clip, level) for c, x in inputs.items()}
+        try:
+            survivors, total = self.secure_sum.run(self.channel, round, quantized)
+        except SecAggFailed as error:
+            log.warning("round %d: secure aggregation failed: %s", round, error)
+            part.rejected += [(c, f"secure aggregation failed: {error}") for c in inputs]
+            return
+        if not survivors:
+            return
+        mean = dequantize_sum(total, config.clip, level, len(survivors)) / len(survivors)
+        arrays, offset = {}, 0
+        for n in names:
+            size = int(np.prod(spec[n].shape))
+            arrays[n] = mean[offset : offset + size].reshape(spec[n].shape).astype(spec[n].dtype)
+            offset += size
+        part.accepted += survivors
+        part.losses += [loss for c in survivors if isinstance(loss := losses[c], float)]
+        arrivals.append(Arrival(SERVER, Message(arrays, {"num_samples": len(survivors)})))
 
     def accumulate(self, arrivals: Sequence[Arrival]) -> Any:
         return list(arrivals) if self.per_client else self.algorithm.accumulate(arrivals)

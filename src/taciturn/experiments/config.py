@@ -23,6 +23,7 @@ from taciturn.core.errors import TaciturnError
 from taciturn.engine.analysis import AnalysisConfig
 from taciturn.engine.trust import TrustConfig
 from taciturn.privacy.config import PrivacyConfig
+from taciturn.secagg.config import SecAggConfig
 from taciturn.server.config import AggregationConfig
 from taciturn.tasks.layers import BIAS_VAR, WEIGHT_VAR
 
@@ -359,6 +360,7 @@ class RunConfig(StrictModel):
     aggregation: AggregationConfig = AggregationConfig()
     attack: AttackConfig = AttackConfig()
     privacy: PrivacyConfig = PrivacyConfig()
+    secagg: SecAggConfig = SecAggConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -420,6 +422,23 @@ class RunConfig(StrictModel):
             )
         if self.attack.kind == "label_flip" and self.data.dataset == "instructions":
             raise ValueError("attack.kind = 'label_flip' needs a classification dataset")
+        return self
+
+    @model_validator(mode="after")
+    def _secagg_fits(self) -> RunConfig:
+        if not self.secagg.enabled:
+            return self
+        if REGISTRY[self.algorithm.name].delta_prefix != "":
+            raise ValueError("[secagg] sums model deltas: use algorithm.name = 'fedavg' or 'fedprox'")
+        if self.engine.executor.startswith("parallel"):
+            raise ValueError("[secagg] runs the protocol among all of a round's clients in one process")
+        if self.aggregation != AggregationConfig() or (
+            self.privacy.enabled and self.privacy.mode == "central"
+        ):
+            raise ValueError(
+                "[secagg] hides every single update: the server can only sum them (no [aggregation] "
+                "rules, no central [privacy]; local DP works)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,10 +25,14 @@ from taciturn.engine.trial import TrialExecutor
 from taciturn.engine.vectorized import VectorizedExecutor
 from taciturn.experiments.config import ConfigError, RunConfig
 from taciturn.privacy.gaussian import GaussianSum, LocalGaussian, expected_clients
+from taciturn.secagg.quantize import levels
 from taciturn.server.aggregation import ServerAggregation, build_chain
 from taciturn.server.clipping import NormBound
 from taciturn.server.transform import Chain
 from taciturn.tasks.base import ClientData, Task
+
+if TYPE_CHECKING:  # the protocol needs the optional extra 'secagg'
+    from taciturn.secagg.protocol import SecureSum
 
 DISK_STORE_CLIENTS = 1000  # with more stateful clients than this, "auto" keeps their state on disk
 
@@ -51,6 +56,10 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
         )
     if engine.executor == "auto" and config.analysis.enabled:
         return choice.Choice("sequential", 0, "[analysis] reads every client's trained model")
+    if engine.executor == "auto" and config.secagg.enabled:
+        return choice.Choice(
+            "sequential", 0, "secure aggregation runs among a round's clients in one process"
+        )
     if engine.executor == "auto" and config.attack.colluding:
         return choice.Choice("sequential", 0, "the simulated attackers read every honest update")
     if engine.executor != "auto":
@@ -137,6 +146,7 @@ def build_federation(
         per_client=chain is not None,
         poisoning=poisoning,
         local_dp=local_dp,
+        secure_sum=secure_sum(config, data, streams),
     )
     if picked is None:
         executor = remote(pipeline)
@@ -153,6 +163,22 @@ def build_federation(
     aggregation = None if chain is None else ServerAggregation(chain, algorithm, streams)
     poisson = config.algorithm.fraction if privacy.enabled and privacy.sampling == "poisson" else None
     return Federation(algorithm, executor, streams, data, aggregation, poisson), store, note
+
+
+def secure_sum(config: RunConfig, data: ClientData, streams: Streams) -> SecureSum | None:
+    if not config.secagg.enabled:
+        return None
+    try:
+        levels(config.algorithm.clients_per_round(data.num_clients), config.secagg.bits)
+    except ValueError as error:
+        raise ConfigError(f"[secagg.bits] {error}") from None
+    try:
+        from taciturn.secagg.protocol import SecureSum
+    except ImportError:
+        raise ConfigError(
+            "[secagg] needs cryptography and pycryptodome: pip install 'taciturn[secagg]'"
+        ) from None
+    return SecureSum(config.secagg, streams)
 
 
 def server_chain(config: RunConfig, data: ClientData, noise_multiplier: float | None) -> Chain | None:
