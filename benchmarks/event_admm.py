@@ -81,6 +81,7 @@ def setting_a(quick: bool) -> dict[str, Any]:
     """The paper's MNIST setting on Fashion-MNIST: 10 agents, one class each (Sec. 1.6)."""
     return {
         "name": "A",
+        "prefix": "quick-" if quick else "",  # run folders of the smoke and full runs apart
         "rounds": 8 if quick else 150,
         "data": {"dataset": "fashion_mnist", "train_size": 2000} if quick else {"dataset": "fashion_mnist"},
         "partition": {"kind": "one_class", "num_clients": 10},
@@ -98,6 +99,7 @@ def setting_b(quick: bool) -> dict[str, Any]:
     """The CIFAR-style heterogeneous setting: Dirichlet(0.5) over 100 agents (Sec. 5)."""
     return {
         "name": "B",
+        "prefix": "quick-" if quick else "",  # run folders of the smoke and full runs apart
         "rounds": 5 if quick else 100,
         "data": {"dataset": "fashion_mnist", "train_size": 1500 if quick else 15000},
         "partition": {"kind": "dirichlet", "num_clients": 10 if quick else 100, "alpha": 0.5, "min_size": 10},
@@ -215,7 +217,7 @@ def run_one(
 ) -> Run:
     knob = knob or knob_label(point)
     tree = {
-        "name": f"{setting['name']}-{method}-{knob}{tag}-s{seed}",
+        "name": f"{setting['prefix']}{setting['name']}-{method}-{knob}{tag}-s{seed}",
         "seed": seed,
         "rounds": setting["rounds"],
         "data": setting["data"],
@@ -549,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = report(setting, runs, calibrations, failures)
         image = IMAGES / f"event_admm_{name}{'_quick' if args.quick else ''}.png"
         results[name]["plot"] = str(plot_pareto(name, runs, results[name]["pareto"], image).relative_to(ROOT))
-        results[name]["settings"] = {k: v for k, v in setting.items() if k != "name"}
+        results[name]["settings"] = {k: v for k, v in setting.items() if k not in ("name", "prefix")}
     out = RESULTS / ("event_admm_quick.json" if args.quick else "event_admm.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))

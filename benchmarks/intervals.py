@@ -69,6 +69,29 @@ def bootstrap_interval(
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
+def bootstrap_groups(
+    groups: Sequence[Sequence[float]],
+    statistic: Callable[..., float],
+    level: float = LEVEL,
+    resamples: int = 9999,
+    seed: int = 0,
+) -> Interval:
+    """Percentile bootstrap of a statistic of several independent groups (e.g. the seeds at each
+    width), each resampled on its own: ``statistic(*group_arrays)``, as ``scipy.stats.bootstrap``
+    with several samples. Every group needs two or more repetitions."""
+    arrays = [_values(g) for g in groups]
+    result = stats.bootstrap(
+        tuple(arrays),
+        statistic,
+        confidence_level=level,
+        n_resamples=resamples,
+        method="percentile",
+        vectorized=False,
+        random_state=np.random.default_rng(seed),
+    )
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
 def separated(a: Interval, b: Interval) -> bool:
     """True when the intervals do not overlap, the only case a benchmark states an ordering."""
     return a[1] < b[0] or b[1] < a[0]

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from docs_section import replace_titled_section
+from intervals import IntervalError, bootstrap_groups
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -79,7 +80,7 @@ FULL = Scale(
     widths=(64, 128, 256, 512, 1024, 2048, 4096),
     taus=(2, 5),
     seeds=(0, 1, 2),
-    seeds_widest=(0,),
+    seeds_widest=(0, 1, 2),  # every width three seeds: a slope's interval needs spread at each point
     rounds=30,
     eval_every=2,
     lr=0.25,
@@ -273,6 +274,16 @@ def fit_slope(widths: list[int], values: list[float]) -> float:
     return float(np.polyfit(np.log(widths), np.log(values), 1)[0])
 
 
+def slope_interval(widths: list[int], per_seed: list[list[float]]) -> list[float] | None:
+    """95% percentile-bootstrap interval of the slope of log(mean over seeds) against log(width),
+    the seeds at each width resampled on their own; None if some width has fewer than 2 seeds."""
+    try:
+        lo, hi = bootstrap_groups(per_seed, lambda *groups: fit_slope(widths, [g.mean() for g in groups]))
+    except IntervalError:
+        return None
+    return [lo, hi]
+
+
 THEORY_QUANTITIES = {
     "output_rmse": ("output_rmse_at_end", "(a) FedAvg vs centralized outputs, RMSE"),
     "nonlinear": ("nonlinear", "(a) its finite-width part"),
@@ -284,16 +295,22 @@ THEORY_QUANTITIES = {
 
 def theory_table(scale: Scale, runs: dict[str, RunDir], configs: dict[str, RunConfig]) -> dict:
     per_run = {key: theory_summary(configs[key], rundir) for key, rundir in runs.items()}
-    result: dict = {"runs": per_run, "mean": {}, "slopes": {}}
+    result: dict = {"runs": per_run, "mean": {}, "slopes": {}, "slope_ci": {}}
     for tau in scale.taus:
-        means = {}
+        means, seed_values = {}, {}
         for n in scale.widths:
             seeds = scale.seeds_widest if n == max(scale.widths) else scale.seeds
-            values = [per_run[f"n{n}-tau{tau}-seed{s}"] for s in seeds]
+            seed_values[n] = values = [per_run[f"n{n}-tau{tau}-seed{s}"] for s in seeds]
             means[n] = {k: float(np.mean([v[k] for v in values])) for k in values[0]}
         result["mean"][tau] = means
         result["slopes"][tau] = {
             name: fit_slope(list(scale.widths), [means[n][column] for n in scale.widths])
+            for name, (column, _) in THEORY_QUANTITIES.items()
+        }
+        result["slope_ci"][tau] = {
+            name: slope_interval(
+                list(scale.widths), [[v[column] for v in seed_values[n]] for n in scale.widths]
+            )
             for name, (column, _) in THEORY_QUANTITIES.items()
         }
     return result
@@ -467,13 +484,16 @@ def markdown(scale: Scale, theory: dict, layers: dict, practical: dict, command:
         "",
         f"Fitted log-log slopes against width (theory: -1/2), tau = {tau} (tau = {scale.taus[0]}):",
         "",
-        "| quantity | slope | |",
-        "|---|---|---|",
+        "| quantity | slope | 95% interval (seed bootstrap) | |",
+        "|---|---|---|---|",
     ]
     first = scale.taus[0]
     for name, (_, label) in THEORY_QUANTITIES.items():
+        ci = theory["slope_ci"][tau][name]
+        interval = "n/a (a width with one seed)" if ci is None else f"[{ci[0]:+.2f}, {ci[1]:+.2f}]"
         lines.append(
-            f"| {label} | {theory['slopes'][tau][name]:+.2f} | ({theory['slopes'][first][name]:+.2f}) |"
+            f"| {label} | {theory['slopes'][tau][name]:+.2f} | {interval} | "
+            f"({theory['slopes'][first][name]:+.2f}) |"
         )
     lines += [
         "",
@@ -576,6 +596,8 @@ def main(argv: list[str] | None = None) -> int:
         "slopes": {k: theory["slopes"][tau][k] for k in ("output_rmse", "divergence", "ntk_change")},
         "gap_points": {str(k): row["gap_points"] for k, row in practical.items()},
         "slopes_by_tau": theory["slopes"],
+        "slope_ci": {k: theory["slope_ci"][tau][k] for k in THEORY_QUANTITIES},
+        "slope_ci_by_tau": theory["slope_ci"],
         "theory_means": theory["mean"],
         "theory_runs": theory["runs"],
         "divergence_by_layer": layers,

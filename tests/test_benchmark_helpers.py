@@ -42,6 +42,15 @@ def test_bootstrap_of_two_values_is_the_exact_percentile_interval():
     assert intervals.bootstrap_interval(values, seed=4) == intervals.bootstrap_interval(values, seed=4)
 
 
+def test_bootstrap_over_groups_resamples_each_group_on_its_own():
+    # difference of means of [0, 1] and [10, 10]: the second group never varies, the first gives
+    # means 0, 1/2, 1 with probability 1/4, 1/2, 1/4, so the interval is exactly [10 - 1, 10 - 0]
+    lo, hi = intervals.bootstrap_groups([[0.0, 1.0], [10.0, 10.0]], lambda a, b: b.mean() - a.mean())
+    assert (lo, hi) == (9.0, 10.0)
+    with pytest.raises(intervals.IntervalError):
+        intervals.bootstrap_groups([[0.0, 1.0], [10.0]], lambda a, b: b.mean() - a.mean())
+
+
 def test_too_few_seeds_is_a_clear_error():
     with pytest.raises(intervals.IntervalError, match="at least two"):
         intervals.t_interval([1.0])

@@ -160,10 +160,11 @@ def page(path: Path, title: str, parts: list[str]) -> Path:
     return path
 
 
-def write_comparison(rundirs: list[RunDir], out: Path) -> Path:
+def write_comparison(rundirs: list[RunDir], out: Path, note: str = "") -> Path:
+    """Overlay several runs with a summary table: accuracy against bytes first (what the runs cost
+    for what they reach), then against rounds. ``note``: a sentence shown under the first plot."""
     from taciturn.report import plots
 
-    """Overlay several runs (accuracy vs round and vs bytes) with a summary table."""
     out.mkdir(parents=True, exist_ok=True)
     labels = _labels(rundirs)
     series = [(label, r.read_metrics()) for label, r in zip(labels, rundirs, strict=True)]
@@ -189,10 +190,11 @@ def write_comparison(rundirs: list[RunDir], out: Path) -> Path:
         "taciturn comparison",
         [
             "<h1>taciturn comparison</h1>",
-            f"<p>Each run's own report: {links}</p>" if links else "",
-            overview,
             "<h2>Accuracy against communication</h2>",
             image(comm),
+            f"<p>{html.escape(note)}</p>" if note else "",
+            overview,
+            f"<p>Each run's own report: {links}</p>" if links else "",
             "<h2>Accuracy against rounds</h2>",
             image(acc),
             "<h2>Configs</h2>",
