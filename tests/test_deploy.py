@@ -127,3 +127,43 @@ def test_bad_settings_fail_clearly():
         NodeSettings.from_node_config({"clients": "a,b", "state-dir": "/tmp/x"})
     with pytest.raises(DeployError, match="network decides"):
         ServerSettings.from_run_config({"taciturn-config": "[channel]\ndrop_up = 0.1\n", "out": "/tmp/run"})
+
+
+def test_app_folder_carries_the_config_flower_hands_the_server(tmp_path):
+    import tomllib
+
+    from taciturn.deploy.app_folder import write_app
+
+    config = tiny_config(rounds=2)
+    pyproject = write_app(tmp_path / "app", config, tmp_path / "run", round_timeout=30)
+    flwr = tomllib.loads(pyproject.read_text())["tool"]["flwr"]
+    assert flwr["app"]["components"] == {
+        "serverapp": "taciturn.deploy.server_app:app",
+        "clientapp": "taciturn.deploy.client_app:app",
+    }
+    settings = ServerSettings.from_run_config(flwr["app"]["config"])
+    assert settings.config == config and settings.out == (tmp_path / "run").resolve()
+    assert settings.round_timeout == 30.0 and settings.overwrite is False
+    with pytest.raises(DeployError, match="exists"):
+        write_app(tmp_path / "app", config, tmp_path / "run")
+    with pytest.raises(DeployError, match="network decides"):
+        write_app(tmp_path / "other", tiny_config(channel={"drop_up": 0.1}), tmp_path / "run")
+
+
+def test_test_credentials_chain_to_their_ca(tmp_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
+
+    from taciturn.deploy.certs import make_credentials
+
+    files = make_credentials(tmp_path, hosts=("127.0.0.1", "localhost"), nodes=2)
+    ca = x509.load_pem_x509_certificate(files["ca.crt"].read_bytes())
+    server = x509.load_pem_x509_certificate(files["server.crt"].read_bytes())
+    server.verify_directly_issued_by(ca)  # raises if the signature or issuer is wrong
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert names.get_values_for_type(x509.DNSName) == ["localhost"]
+    for i in (1, 2):
+        key = load_ssh_private_key(files[f"node-{i}"].read_bytes(), None)
+        assert key.public_key() == load_ssh_public_key(files[f"node-{i}.pub"].read_bytes())
+    assert files["server.key"].stat().st_mode & 0o077 == 0  # private keys readable by their owner only

@@ -127,6 +127,29 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_deploy(args: argparse.Namespace) -> int:
+    """Helpers for a real federation on Flower's deployment runtime (docs/deploy.md)."""
+    if args.action == "certs":
+        from taciturn.deploy.certs import make_credentials
+
+        written = make_credentials(
+            Path(args.dir), tuple(args.host or ("127.0.0.1", "localhost")), args.nodes, args.overwrite
+        )
+        for name, path in written.items():
+            console.print(f"{name:12} {path}")
+        return 0
+    from taciturn.deploy.app_folder import write_app
+    from taciturn.experiments import types
+
+    config = types.load(args.config, args.set or [])
+    pyproject = write_app(
+        Path(args.app), config, Path(args.out), args.round_timeout, args.overwrite_run, args.overwrite
+    )
+    console.print(f"Flower app for run {config.name!r}: [bold]{pyproject.parent}[/]")
+    console.print(f"start it with: flwr run {pyproject.parent} <superlink connection>")
+    return 0
+
+
 def _existing_run(path: str):
     from taciturn.report.rundir import RunDir
 
@@ -152,6 +175,7 @@ report on it, compare runs, export the trained model.
   taciturn run CONFIG.toml              a run into runs/<name>: metrics, ledger, checkpoints, report.html
   taciturn resume RUN_DIR               continue from the last checkpoint
   taciturn export RUN_DIR --out m.safetensors   the trained model, for model.load_state_dict
+  taciturn deploy app CONFIG.toml --app DIR --out RUN_DIR   the same run between machines (docs/deploy.md)
 
 Your own model and data: model.factory = "package.module:function" in the config, or
 taciturn.run(config, model=..., data=...) from Python (docs/guide.md)."""
@@ -226,12 +250,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     data.add_argument("--path", help="a folder to read from (show) or download into (fetch)")
     data.set_defaults(func=cmd_data)
+
+    deploy = sub.add_parser("deploy", help="run on Flower's deployment runtime: test certificates, the app")
+    actions = deploy.add_subparsers(dest="action", required=True, metavar="ACTION")
+    certs = actions.add_parser("certs", help="a test CA, the SuperLink's TLS certificate, SuperNode keys")
+    certs.add_argument("dir", help="folder to write them into")
+    certs.add_argument(
+        "--host", action="append", default=None, help="a name or address of the SuperLink (repeatable)"
+    )
+    certs.add_argument("--nodes", type=int, default=2, help="how many SuperNode key pairs")
+    certs.add_argument("--overwrite", action="store_true", help="replace files written earlier")
+    app = actions.add_parser("app", help="the Flower app folder for `flwr run`, with this run's config")
+    app.add_argument("config", type=Path)
+    app.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    app.add_argument("--app", required=True, help="the app folder to write")
+    app.add_argument("--out", required=True, help="the run directory the server side writes")
+    app.add_argument(
+        "--round-timeout", type=float, default=120.0, help="seconds to wait for a round's replies"
+    )
+    app.add_argument(
+        "--overwrite-run", action="store_true", help="let the run replace an earlier one in --out"
+    )
+    app.add_argument("--overwrite", action="store_true", help="replace an app folder written earlier")
+    deploy.set_defaults(func=cmd_deploy)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     from taciturn.data.datasets import DatasetNotFound
     from taciturn.data.partition import PartitionError
+    from taciturn.deploy.settings import DeployError
     from taciturn.experiments.config import ConfigError
 
     args = build_parser().parse_args(argv)
@@ -241,7 +289,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[handler])
     try:
         return args.func(args)
-    except (ConfigError, DatasetNotFound, PartitionError, FileExistsError, FileNotFoundError) as error:
+    except (
+        ConfigError,
+        DatasetNotFound,
+        DeployError,
+        PartitionError,
+        FileExistsError,
+        FileNotFoundError,
+    ) as error:
         console.print(f"[bold red]error[/]: {escape(str(error))}", highlight=False, soft_wrap=True)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -20,7 +20,6 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.stats import norm
 
 from taciturn.attacks.config import AttackConfig
 from taciturn.core.message import Message
@@ -39,6 +38,8 @@ def pick_attackers(fraction: float, num_clients: int, streams: Streams) -> froze
 
 def lie_z(n: int, f: int) -> float:
     """Baruch et al. 2019, Alg. 3: s = floor(n/2 + 1) - f supporters needed, z_max = Phi^-1((n - s)/n)."""
+    from scipy.stats import norm  # imported here: scipy.stats costs every start-up about a second
+
     s = math.floor(n / 2 + 1) - f
     return float(norm.ppf((n - s) / n))
 

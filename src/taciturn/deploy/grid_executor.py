@@ -61,7 +61,7 @@ class GridExecutor(Executor):
         if not new:
             return
         asks = [
-            self.grid.create_message(RecordDict(), protocol.QUERY, node, "hosts", ttl=self.round_timeout)
+            FlowerMessage(RecordDict(), node, protocol.QUERY, group_id="hosts", ttl=self.round_timeout)
             for node in new
         ]
         for reply in self._exchange(asks).values():
@@ -115,8 +115,8 @@ class GridExecutor(Executor):
                 log.warning("round %d: no node hosts client %d; it is dropped", round, client)
                 continue
             content = protocol.train_request(round, client, self.accepted.get(client, 0), payloads[client])
-            request = self.grid.create_message(
-                content, protocol.TRAIN, node, str(round), ttl=self.round_timeout
+            request = FlowerMessage(
+                content, node, protocol.TRAIN, group_id=str(round), ttl=self.round_timeout
             )
             ledger.record_wire(round, client, Direction.DOWN, protocol.wire_size(request))
             requests[client] = request
