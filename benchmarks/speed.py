@@ -51,6 +51,7 @@ IMPLS = [  # the columns of every table
     "taciturn_sequential",
     "taciturn_parallel",
     "taciturn_vectorized",
+    "taciturn_parallel_vectorized",
     "flower",
     "pfl",
     "floor",
@@ -257,7 +258,11 @@ def commands(
         "floor": ([PYTHON, "floor.py", str(plan), str(out / "floor.json")], out / "floor.json"),
     }
     if "mlp" in json.loads((plan / "plan.json").read_text())["model"]:
-        for impl, executor in (("taciturn_parallel", "parallel"), ("taciturn_vectorized", "vectorized")):
+        for impl, executor in (
+            ("taciturn_parallel", "parallel"),
+            ("taciturn_vectorized", "vectorized"),
+            ("taciturn_parallel_vectorized", "parallel_vectorized"),
+        ):
             found[impl] = (
                 [*taciturn, "--out", str(out / impl), "--set", f'engine.executor="{executor}"'],
                 out / impl / "metrics.jsonl",
@@ -280,7 +285,7 @@ def final_accuracy(result: Path) -> float | None:
     return json.loads(result.read_text()).get("accuracy")
 
 
-def run_workload(name: str, reps: int, quick: bool) -> dict[str, Any]:
+def run_workload(name: str, reps: int, quick: bool, only: set[str] | None = None) -> dict[str, Any]:
     folder = WORK / name
     config = write_config(workload_tree(name, quick), folder / "config.toml")
     export_plan(config, folder / "plan")
@@ -293,6 +298,8 @@ def run_workload(name: str, reps: int, quick: bool) -> dict[str, Any]:
     load: list[float] = []
     for rep in range(reps):
         for impl, (command, result) in commands(name, config, folder / "plan", folder / "out", quick).items():
+            if only and impl not in only:
+                continue
             result.unlink(missing_ok=True)
             load.append(os.getloadavg()[0])  # how busy the machine was just before (quiet: < 0.5)
             m = measure(command)
@@ -398,6 +405,14 @@ def main() -> None:
     parser.add_argument("--workloads", default="W2,W3,W,W3c,W4")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument(
+        "--section",
+        default="speed",
+        help="the docs/benchmarks.md section (and benchmarks/results/SECTION.json) the tables replace",
+    )
+    parser.add_argument(
+        "--impls", default="", help=f"only these implementations, comma-separated (of {', '.join(IMPLS)})"
+    )
+    parser.add_argument(
         "--once", default="", help="workloads to run one repetition of (e.g. W3c, whose runs take minutes)"
     )
     args = parser.parse_args()
@@ -408,14 +423,17 @@ def main() -> None:
     }
     for name in args.workloads.split(","):
         times = 1 if name in args.once.split(",") else reps
-        results[name] = run_w4(args.quick) if name == "W4" else run_workload(name, times, args.quick)
+        only = set(args.impls.split(",")) - {""} or None
+        results[name] = run_w4(args.quick) if name == "W4" else run_workload(name, times, args.quick, only)
     show(results)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / ("speed_quick.json" if args.quick else "speed.json")
+    out = RESULTS / ("speed_quick.json" if args.quick else f"{args.section}.json")
     out.write_text(json.dumps(summary(results), indent=1))
     console.print(f"results: {out}")
     if not args.quick:
-        replace_section("speed", render(results), "Speed: taciturn, Flower, pfl-research and the floor")
+        replace_section(
+            args.section, render(results, args.section), "Speed: taciturn, Flower, pfl-research and the floor"
+        )
 
 
 def summary(results: dict[str, Any]) -> dict[str, Any]:
@@ -473,7 +491,7 @@ def _ratio_cell(ratio: dict[str, float] | None) -> str:
     return f"{ratio['mean']:.3f} [{ratio['low']:.3f}, {ratio['high']:.3f}]"
 
 
-def render(results: dict[str, Any]) -> str:
+def render(results: dict[str, Any], section: str = "speed") -> str:
     impls = IMPLS
     rows, memory, accuracy = [], [], []
     for name, res in results.items():
@@ -507,7 +525,7 @@ def render(results: dict[str, Any]) -> str:
             ]
         )
     parts = [
-        f"Command: `{results['command']}` (results: `benchmarks/results/speed.json`).",
+        f"Command: `{results['command']}` (results: `benchmarks/results/{section}.json`).",
         "Whole-command wall seconds, median of the repetitions, and the ratio to the floor:\n\n"
         + markdown_table(["workload", *impls], rows),
         "Peak memory of the whole process tree, PSS / RSS in MB (PSS splits shared pages fairly; RSS "
