@@ -12,7 +12,9 @@ from taciturn.data.federated import FederatedData
 from taciturn.engine import ClientPipeline, Federation, SequentialExecutor
 
 
-def least_squares_data(num_clients=5, dim=3, sizes=(20, 40, 30, 60, 25), seed=0) -> FederatedData:
+def least_squares_data(
+    num_clients=5, dim=3, sizes=(20, 40, 30, 60, 25), seed=0, dtype=torch.float64
+) -> FederatedData:
     """Client i's rows come from its own scale and offset, so local optima differ (heterogeneity)."""
     rng = np.random.default_rng(seed)
     xs, ys, parts, start = [], [], [], 0
@@ -25,8 +27,8 @@ def least_squares_data(num_clients=5, dim=3, sizes=(20, 40, 30, 60, 25), seed=0)
         ys.append(b)
         parts.append(np.arange(start, start + n))
         start += n
-    x = torch.tensor(np.concatenate(xs))
-    y = torch.tensor(np.concatenate(ys))
+    x = torch.tensor(np.concatenate(xs), dtype=dtype)
+    y = torch.tensor(np.concatenate(ys), dtype=dtype)
     return FederatedData.from_parts(ArrayDataset("lsq", x, y, x[:1], y[:1], 1, "test"), parts)
 
 
@@ -57,7 +59,7 @@ def federation(algorithm: Algorithm, data: FederatedData, seed=0, drop_up=0.0, d
 
 def start(algorithm: Algorithm, data: FederatedData):
     dim = data.dataset.x_train.shape[1]
-    return algorithm.init_server({"w": torch.zeros(dim, dtype=torch.float64)}, data.num_clients)
+    return algorithm.init_server({"w": torch.zeros(dim, dtype=data.dataset.x_train.dtype)}, data.num_clients)
 
 
 def run(fed: Federation, state, rounds: int, first: int = 1):

@@ -23,10 +23,11 @@ ALGORITHMS = [
 ]
 
 
-def run(tmp_path, executor_class, algorithm, rounds=3, store="memory", model=None):
+def run(tmp_path, executor_class, algorithm, rounds=3, store="memory", model=None, channel=None):
     tmp_path = tmp_path / executor_class.__name__ if hasattr(executor_class, "__name__") else tmp_path / "x"
     config = tiny_config(
         engine={"executor": "sequential", "store": store},
+        channel=channel or {},
         model=model or {"kind": "logreg"},
         algorithm={
             "fraction": 0.5,
@@ -251,3 +252,24 @@ def test_auto_engine_picks_the_low_rank_workers_for_a_small_client_mlp(tmp_path,
     assert "executor: vectorized or parallel_vectorized with 2 workers" in log and "low-rank algebra" in log
     assert "executor trial" in log  # the first rounds measured both (tests/test_trial.py)
     assert rundir.read_metrics()[-1]["round"] == MIN_ROUNDS
+
+
+@pytest.mark.parametrize(
+    "executor", [VectorizedExecutor, parallel(2), parallel(2, vectorized=True)], ids=lambda e: e.__name__
+)
+def test_every_executor_commits_exactly_the_accepted_clients_state(tmp_path, executor):
+    """Under drops, each executor stores the new control variates of the clients whose uplink arrived,
+    and only theirs, as the sequential executor does (whose semantics tests/test_acceptance.py checks)."""
+    algorithm = {"name": "scaffold", "fraction": 1.0}
+    lossy = {"drop_up": 0.4, "drop_down": 0.2}
+    reference, ref_reports, ref_pipe = run(tmp_path, SequentialExecutor, algorithm, 4, "disk", channel=lossy)
+    result, reports, pipe = run(tmp_path, executor, algorithm, 4, "disk", channel=lossy)
+    assert any(len(r.accepted) < len(r.selected) for r in ref_reports)  # the premise: uplinks were lost
+    for a, b in zip(ref_reports, reports, strict=True):
+        assert (a.selected, a.accepted) == (b.selected, b.accepted)
+    assert list(pipe.store.clients()) == list(ref_pipe.store.clients())
+    for client in ref_pipe.store.clients():
+        for key, value in ref_pipe.store.get(client).items():
+            torch.testing.assert_close(pipe.store.get(client)[key], value, **TOLERANCE)
+    for name in reference:
+        torch.testing.assert_close(result[name], reference[name], **TOLERANCE)

@@ -27,6 +27,15 @@ triggered send. Either way the receiver keeps its stale copy. Every T_r rounds a
 round opens with a broadcast of z to every agent and ends with every agent sending v_i, so all
 copies agree again (where those messages are delivered).
 
+Under loss (DESIGN.md, "Acceptance"): an agent's new state (x_hat_i, u_i, z_hat_i, last_i and its
+momentum) takes effect only when the server has accepted the v_i it sent (engine/executor.py); a
+lost or rejected v_i leaves the agent as it was before the round, as if it had not computed. So
+the server's copy s_i is always the agent's last_i (= x_hat_i + u_i when Delta = 0), and every
+dual step an agent keeps is one the server has seen. An agent the trigger kept silent sent
+nothing, so its new state takes effect at once, as in the paper. A lost z leaves the agent on
+its stale z_hat. Under such loss the method reaches the consensus optimum, only more slowly
+(tests/test_acceptance.py).
+
 Every agent computes in every round (``fraction = 1``); FedADMM (fedadmm.py) is this algorithm with
 random participation in place of the triggers.
 """

@@ -13,6 +13,10 @@ the code: the MNIST script trains with Adam (lr 1e-3) because its MLP lacks `.ne
 configured SGD like every other method. Its evaluated z lags one round; we evaluate the z the
 round produced. An agent's first dual step uses x_i = z (it has no earlier model), not the shared
 initial model.
+
+Under loss, as event-based ADMM (event_admm.py): a sampled agent's new dual and model take effect
+only when the server has accepted its x_i + u_i; a lost or rejected uplink leaves the agent as it
+was before the round, so the server's stale copy s_i is always the agent's x_i + u_i.
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ Differences from the official code (zhenqincn/FedKSeed): it rebuilds the server 
 and the never-reset scalar pool each round, which equals the per-round updates here in exact
 arithmetic; its weight decay (off the biases and norms) is not part of Alg. 1 and is left out;
 FedKSeed-Pro's non-uniform seed probabilities are not implemented.
+
+Under loss, as Ferret (ferret.py, replay.py): a client's replayed model and its round take effect
+only when the server has accepted its scalars, the event that advances the server's ``synced``;
+a lost or rejected uplink leaves the client on its old model, to be sent the same rounds again.
 """
 
 from __future__ import annotations
@@ -155,16 +159,14 @@ class FedKSeed(Algorithm):
         assert self.initial is not None and self.streams is not None
         held, params = held_model(ctx.state, self.initial)
         first = int(ctx.received.meta["first_round"])
+        check_caught_up(ctx.client, held, first)
         seeds, grads = ctx.received.arrays["seeds"], ctx.received.arrays["grads"]
+        counts = ctx.received.arrays["counts"].tolist()
         offset = 0
-        for i, count in enumerate(ctx.received.arrays["counts"].tolist()):
-            round = first + i
-            if round > held:
-                check_caught_up(ctx.client, held, round)
-                self._step(params, seeds[offset : offset + count], grads[offset : offset + count])
-                held = round
+        for count in counts:
+            self._step(params, seeds[offset : offset + count], grads[offset : offset + count])
             offset += count
-        check_caught_up(ctx.client, held, ctx.round)
+        check_caught_up(ctx.client, first - 1 + len(counts), ctx.round)
         start = clone(params)
         uplink = self._local_steps(ctx, params)
         return ClientOutput(uplink, model_state(ctx.round - 1, start))

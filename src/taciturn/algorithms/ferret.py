@@ -40,6 +40,12 @@ Where the official code (allen4747/Ferret) differs, this follows the paper:
   * every simulated client deep-copies the server's model; here clients catch up as above, from
     the reconstructed rounds the simulation keeps (``replay_cache_mib``) or by regenerating them,
     with bit-identical results.
+
+Under loss (DESIGN.md, "Acceptance"): a client's caught-up model and its round take effect only
+when the server has accepted its uplink, the same event that advances the server's record of the
+round the client holds (``synced``). So the two always agree and the history sent down starts
+right after the round the client holds (replay.py). A lost downlink: the client sits the round
+out; a lost or rejected uplink: the client keeps its old model and is sent the same rounds again.
 """
 
 from __future__ import annotations
@@ -264,13 +270,11 @@ class Ferret(Algorithm):
         history = _by_round(
             arrays["rounds"], arrays["owners"], arrays["counts"], torch.from_numpy(arrays["coords"])
         )
-        # rounds the client already holds (its last uplink was lost) are skipped
-        for round in range(max(int(ctx.received.meta["first_round"]), held + 1), ctx.round):
-            check_caught_up(ctx.client, held, round)
+        first = int(ctx.received.meta["first_round"])
+        check_caught_up(ctx.client, held, first)
+        for round in range(first, ctx.round):
             if round in history:  # a round nobody was heard from changed nothing
                 self._apply(params, round, history[round])
-            held = round
-        check_caught_up(ctx.client, held, ctx.round)
         return LocalTraining(params=params, consts={})
 
     def client_end(self, ctx: ClientContext, work: LocalTraining, result: TrainResult) -> ClientOutput:

@@ -4,6 +4,10 @@ Their clients never download a model: each keeps its own copy and the round it c
 and catches up by replaying the server's per-round history (coordinates or scalar gradients)
 onto it. Before its first round a client holds w_0, the model every client starts with (the
 pretrained weights, or weights every client regenerates from the run seed).
+
+Under loss: a client's new copy is committed only when the server has accepted its uplink
+(engine/executor.py), and the server advances its record of the round the client holds for the same
+uplinks, so the two always agree; the history sent down starts right after the round the client holds.
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ def model_state(round: int, params: Params) -> ClientState:
 
 
 def check_caught_up(client: int, held: int, round: int) -> None:
+    """The step of ``round`` must start from the model of round - 1: before replaying the history
+    (which starts at ``round``) and after it (the round to train)."""
     if held != round - 1:
         raise ValueError(
-            f"client {client} holds the model of round {held} after catching up, but round {round} "
-            f"starts from round {round - 1}: the server's history has a gap"
+            f"client {client} holds the model of round {held}, but round {round} starts from round "
+            f"{round - 1}: the server's history and the client's copy disagree"
         )

@@ -23,6 +23,14 @@ event-ADMM authors' code scales by eta_l/K instead of 1/(K eta_l).
 The correction enters the local objective as the linear term <y, c - c_i>, whose gradient is
 exactly c - c_i, so SCAFFOLD keeps the shared objective shape (and vmaps like the others).
 Messages carry two vectors each way, and the ledger counts both.
+
+Under loss (DESIGN.md, "Acceptance"): a client's c_i+ takes effect only when the server has
+accepted the uplink (dy, dc) that carries it (engine/executor.py, the commit protocol). A lost
+downlink means the client sits the round out; a lost or rejected uplink means its round never
+happened for either side (c_i stays, c stays). So c = sum_i p_i c_i holds exactly whatever the
+channel loses, and the fixed point stays the optimum. Storing c_i+ before delivery breaks the
+invariant for good, and at SCAFFOLD's fixed point grad f(x) = -(c - sum_i p_i c_i): a biased model
+(tests/test_acceptance.py).
 """
 
 from __future__ import annotations

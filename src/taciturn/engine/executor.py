@@ -18,6 +18,20 @@ from taciturn.engine.pipeline import ClientPipeline, RoundPart
 
 
 class Executor(ABC):
+    """Runs the client side of each round somewhere, and commits client state once the server decides.
+
+    The commit protocol (DESIGN.md, "Acceptance"): ``serve`` runs the round's clients through the
+    client pipeline, which *stages* each client's new persistent state instead of storing it,
+    except for a client that sent nothing (there is nothing to acknowledge, so its state is stored
+    at once). After the Federation has validated and aggregated the round it calls
+    ``commit(round, accepted)`` exactly once, with the clients whose uplink it accepted (empty if
+    it discarded the round): the executor moves their staged state into the client-state store
+    and drops every other staged state of that round, wherever the clients ran (in this process,
+    in worker processes, on a cluster). So a dropped or rejected uplink leaves the client's state
+    as it was before the round, just as it leaves the server's. ``commit`` returns only when the
+    store holds the committed states (a checkpoint may be written right after it).
+    """
+
     name: str
 
     def __init__(self, pipeline: ClientPipeline):
@@ -31,6 +45,10 @@ class Executor(ABC):
         downlink: Mapping[int, Message | None],
         spec: Mapping[str, ArraySpec],
     ) -> RoundPart: ...
+
+    def commit(self, round: int, accepted: Sequence[int]) -> None:
+        """Store the staged state of ``accepted`` clients of ``round``; drop the rest (see above)."""
+        self.pipeline.commit(round, accepted)
 
     def close(self) -> None:  # noqa: B027 (in-process executors hold nothing to release)
         """Release workers or other resources."""

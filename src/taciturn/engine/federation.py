@@ -1,10 +1,11 @@
-"""The round loop: select, decide what to send down, serve the clients, aggregate.
+"""The round loop: select, decide what to send down, serve the clients, aggregate, commit.
 
 Every message crosses the Channel (so the Ledger counts it and drops can hit it), every uplink is
-validated before the algorithm sees it, and client state goes back to the store; the executor
-decides where the clients' work runs (engine/executor.py). A new server state with a non-finite
-value (finite float32 updates can still sum to Inf) is discarded: the round is skipped, the
-model kept, and the reason logged and reported.
+validated before the algorithm sees it, and the executor decides where the clients' work runs
+(engine/executor.py). A new server state with a non-finite value (finite float32 updates can
+still sum to Inf) is discarded: the round is skipped (run as if no uplink had arrived), the model
+kept, and the reason logged and reported. Then the executor commits the staged state of the
+clients whose uplink the server accepted and applied, and only theirs (none in a skipped round).
 """
 
 from __future__ import annotations
@@ -85,10 +86,12 @@ class Federation:
             standing, chain_state, report.server_info = self.aggregation.apply(round, accumulated)
             accumulated = algorithm.accumulate(standing)
         new_state = algorithm.aggregate(state, round, accumulated)
+        applied = report.accepted
         if (problem := state_problem(new_state)) is not None:
             log.warning("round %d skipped, the model kept: %s", round, problem)
-            report.skipped = problem
-            return state, report
-        if self.aggregation is not None:
+            report.skipped, applied = problem, []
+            new_state = algorithm.aggregate(state, round, algorithm.accumulate([]))  # as if none arrived
+        elif self.aggregation is not None:
             self.aggregation.state = chain_state
+        self.executor.commit(round, applied)
         return new_state, report

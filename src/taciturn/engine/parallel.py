@@ -6,9 +6,10 @@ the clients (balanced greedily by data size, like pfl-research's load balancer) 
 messages, runs the same client pipeline as the sequential executor, and returns one partial
 aggregate (``algorithm.accumulate``: for FedAvg a single weighted sum), its ledger rows and its
 report. So the traffic between processes is one reduction per worker per round, not one update
-per client. Everything crosses the process boundary through the codec (safetensors) or JSON:
-nothing is pickled. Clients with persistent state need a store the workers can share
-(``DiskStateStore``).
+per client. After the server has aggregated, each worker is told which clients' uplinks were
+accepted and stores their staged state (the commit protocol, engine/executor.py). Everything
+crosses the process boundary through the codec (safetensors) or JSON: nothing is pickled. Clients
+with persistent state need a store the workers can share (``DiskStateStore``).
 
 Within a worker the computation is the sequential executor's (or, with ``vectorized``, the
 vectorized executor's); the partial sums are added in another order, so results agree with the
@@ -97,6 +98,18 @@ class ParallelExecutor(Executor):
         part.rejected.sort(key=lambda item: order[item[0]])
         part.failed.sort(key=lambda item: order[item[0]])
         return part
+
+    def commit(self, round: int, accepted: Sequence[int]) -> None:
+        """Every worker stores the staged state of its accepted clients in the shared store and
+        answers once it has, so the store is complete when this returns (a checkpoint may follow)."""
+        if not self.pipeline.algorithm.keeps_client_state:  # nothing was staged
+            return
+        request = json.dumps({"commit": round, "accepted": list(accepted)}).encode()
+        for _, conn in self._workers:
+            conn.send_bytes(request)
+        for _, conn in self._workers:
+            if "error" in (answer := json.loads(conn.recv_bytes())):
+                raise WorkerFailed(answer["error"])
 
     def _receive(self, conn: Connection) -> RoundPart:
         header = json.loads(conn.recv_bytes())
@@ -207,6 +220,14 @@ def _work(conn: Connection, pipeline: ClientPipeline, vectorized: bool) -> None:
             return
         if not request:
             return
+        if "commit" in request:
+            try:
+                pipeline.commit(request["commit"], request["accepted"])
+                answer = {"committed": request["commit"]}
+            except Exception:
+                answer = {"error": f"worker {os.getpid()}: {traceback.format_exc()}"}
+            conn.send_bytes(json.dumps(answer).encode())
+            continue
         try:
             messages = [decode(conn.recv_bytes()) for _ in range(request["blobs"])]
             downlink = {int(c): None if i is None else messages[i] for c, i in request["downlink"].items()}

@@ -2,16 +2,22 @@
 
 For each client: the downlink crosses the channel, the algorithm begins its work, local training
 runs (through the executor's trainer: one client at a time, or many at once), the algorithm ends
-its work, the new client state goes to the store, the uplink crosses the channel, the server
-validates it and replaces its claimed weight by the one it trusts (engine/trust.py), and the
-accepted arrivals are reduced with ``algorithm.accumulate``. A parallel
-executor runs this for each worker's share and merges the parts.
+its work, the uplink crosses the channel, the server validates it and replaces its claimed
+weight by the one it trusts (engine/trust.py), and the accepted arrivals are reduced with
+``algorithm.accumulate``. A parallel executor runs this for each worker's share and merges the
+parts.
+
+Acceptance (DESIGN.md): a client's new state is only *staged* while its uplink travels. It goes to
+the store when the server has accepted that uplink (``commit``, called by the Federation once the
+round's aggregate is validated); a dropped or rejected uplink, or a skipped round, leaves the
+client's stored state as it was. A client that sends nothing has nothing to wait for: its new
+state is stored at once.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,7 +38,7 @@ from taciturn.core.channel import Channel
 from taciturn.core.ledger import Direction
 from taciturn.core.message import Message
 from taciturn.core.rng import SERVER, Streams
-from taciturn.core.state_store import ClientStateStore
+from taciturn.core.state_store import ClientState, ClientStateStore
 from taciturn.engine.trust import TrustConfig, TrustedWeights
 from taciturn.engine.validation import uplink_problem
 from taciturn.privacy.gaussian import LocalGaussian
@@ -102,6 +108,8 @@ class ClientPipeline:
         self.streams = streams
         self.data = data
         self.loss = loss
+        self._staged: dict[int, ClientState] = {}  # client -> new state awaiting acceptance
+        self._staged_round: int | None = None
 
     def context(self, round: int, client: int, message: Message | None) -> ClientContext:
         received = None if message is None else self.channel.send(Direction.DOWN, round, client, message)
@@ -159,10 +167,13 @@ class ClientPipeline:
             assert isinstance(output, ClientOutput)
             if output.info:
                 part.client_info[ctx.client] = dict(output.info)
+            if output.uplink is None:
+                if output.state is not None:  # nothing sent, nothing to acknowledge
+                    self.store.put(ctx.client, output.state)
+                continue
             if output.state is not None:
-                self.store.put(ctx.client, output.state)
-            if output.uplink is not None:
-                uplinks.append((ctx.client, output.uplink))
+                self._stage(round, ctx.client, output.state)
+            uplinks.append((ctx.client, output.uplink))
         if self.local_dp is not None:
             uplinks = [(client, self.local_dp.apply(round, client, uplink)) for client, uplink in uplinks]
         if self.poisoning is not None:
@@ -247,6 +258,23 @@ class ClientPipeline:
         if isinstance(loss := arrived.meta.get("train_loss"), float):
             part.losses.append(loss)
         arrivals.append(Arrival(client, arrived))
+
+    def _stage(self, round: int, client: int, state: ClientState) -> None:
+        if self._staged_round != round:  # an earlier round never committed: nothing of it was accepted
+            self._staged, self._staged_round = {}, round
+        self._staged[client] = state
+
+    def commit(self, round: int, accepted: Iterable[int]) -> None:
+        """Store the staged state of the clients whose uplink the server accepted in ``round``;
+        forget the rest (their uplink was dropped or rejected, or the round was discarded)."""
+        if self._staged_round not in (None, round):
+            raise RuntimeError(
+                f"commit for round {round}, but the staged state is round {self._staged_round}'s"
+            )
+        for client in accepted:
+            if (state := self._staged.get(client)) is not None:
+                self.store.put(client, state)
+        self._staged, self._staged_round = {}, None
 
 
 def _failed(ctx: ClientContext, error: Exception) -> Exception:
