@@ -114,3 +114,25 @@ def test_resume_ends_with_the_numbers_of_an_uninterrupted_run(tmp_path):
     resumed = resume(tmp_path / "cut", progress=False)
     assert without_time(resumed) == without_time(whole)
     assert resumed.ledger.read_text() == whole.ledger.read_text()
+
+
+def test_a_repetition_gives_the_same_numbers_alone_and_in_any_batch():
+    """Each repetition has its own confidence radius (S from its own environment), so seed 2 runs
+    identically alone, third in a batch of four and first in a batch of three: every method, every
+    number, under message loss too."""
+    from taciturn.experiments.bandits import build
+
+    methods = ["independent", "pooled", "oracle", "bass", "club", "sclub", "dynucb"]
+    runs = []
+    for seed, repetitions, index in ((2, 1, 0), (0, 4, 2), (2, 3, 0)):
+        config = tiny(
+            seed=seed, repetitions=repetitions, methods=methods, channel={"drop_up": 0.1, "drop_down": 0.2}
+        )
+        numbers = {}
+        for name, simulation in build(config).items():
+            simulation.advance(config.horizon)
+            row, _ = simulation.record()
+            numbers[name] = {k: None if v is None else v[index] for k, v in row.items() if k != "t"}
+        runs.append(numbers)
+    assert runs[0]["bass"]["regret"] > 0
+    assert runs[0] == runs[1] == runs[2]

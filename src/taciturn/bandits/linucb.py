@@ -23,6 +23,7 @@ separation tests (separation.py).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,18 +35,26 @@ class Confidence:
 
     lam: float  # ridge regularisation
     noise_bound: float  # R: the noise is R-sub-Gaussian
-    norm_bound: float  # S >= ||theta|| for every agent
+    # S >= ||theta|| for every agent: one number, or one per repetition (R,), each repetition's own
+    # bound, so that a repetition's numbers do not depend on which others run beside it.
+    norm_bound: float | np.ndarray
     delta: float  # the bound holds with probability >= 1 - delta
     scale: float = 1.0  # multiplies the radius (1 = the theory)
 
     def radius(self, logdet: np.ndarray, dim: int) -> np.ndarray:
-        """scale * beta for Gram matrices with log-determinant ``logdet`` (any shape)."""
+        """scale * beta for Gram matrices with log-determinant ``logdet`` (any shape; with one S per
+        repetition, its leading axis is the repetition)."""
         log_ratio = np.maximum(logdet - dim * np.log(self.lam), 0.0)  # det A >= lam^d; clip rounding
-        beta = (
-            self.noise_bound * np.sqrt(2 * np.log(1 / self.delta) + log_ratio)
-            + np.sqrt(self.lam) * self.norm_bound
-        )
+        s = np.asarray(self.norm_bound)
+        s = s.reshape(s.shape + (1,) * (np.ndim(logdet) - s.ndim))
+        beta = self.noise_bound * np.sqrt(2 * np.log(1 / self.delta) + log_ratio) + np.sqrt(self.lam) * s
         return self.scale * beta
+
+    def of(self, reps: np.ndarray) -> Confidence:
+        """The constants of the repetitions ``reps`` (a per-repetition S is taken at ``reps``)."""
+        if np.ndim(self.norm_bound) == 0:
+            return self
+        return dataclasses.replace(self, norm_bound=np.asarray(self.norm_bound)[reps])
 
 
 def ridge(gram: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

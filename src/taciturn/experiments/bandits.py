@@ -96,7 +96,8 @@ def build(config: BanditsConfig) -> dict[str, Simulation]:
     confidence = Confidence(
         lam=c.lam,
         noise_bound=environments[0].noise if c.noise_bound is None else c.noise_bound,
-        norm_bound=max(e.norm_bound for e in environments) if c.norm_bound is None else c.norm_bound,
+        # each repetition its own S: its numbers must not depend on the seeds run beside it
+        norm_bound=np.array([e.norm_bound for e in environments]) if c.norm_bound is None else c.norm_bound,
         delta=c.delta,
         scale=c.alpha,
     )

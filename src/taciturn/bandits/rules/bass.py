@@ -38,7 +38,7 @@ class Bass(SharingRule):
             stats.theta[reps],
             stats.inverse[reps],
             stats.logdet[reps],
-            self.confidence,
+            self.confidence.of(reps),
         )
         separated[np.arange(len(reps)), active] = False  # an agent always uses its own samples
         kept = self.membership[reps, active] & ~separated
