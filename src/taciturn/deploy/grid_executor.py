@@ -97,6 +97,12 @@ class GridExecutor(Executor):
                 time.sleep(POLL_S)
         return replies
 
+    def commit(self, round: int, accepted: Sequence[int]) -> None:
+        """The commit protocol (engine/executor.py) across the network: remember the round of each
+        client's last applied uplink; its next request tells its node to commit what it staged then."""
+        for client in accepted:
+            self.accepted[client] = round
+
     # ----- a round -----
     def serve(
         self,
@@ -154,7 +160,5 @@ class GridExecutor(Executor):
                 continue
             ledger.record(round, client, Direction.UP, len(answer.payload), delivered=True)
             self.pipeline.admit(part, arrivals, round, client, uplink, spec)
-        for client in part.accepted:
-            self.accepted[client] = round
         part.accumulated = self.pipeline.accumulate(arrivals)
         return part

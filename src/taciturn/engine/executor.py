@@ -28,8 +28,9 @@ class Executor(ABC):
     it discarded the round): the executor moves their staged state into the client-state store
     and drops every other staged state of that round, wherever the clients ran (in this process,
     in worker processes, on a cluster). So a dropped or rejected uplink leaves the client's state
-    as it was before the round, just as it leaves the server's. ``commit`` returns only when the
-    store holds the committed states (a checkpoint may be written right after it).
+    as it was before the round, just as it leaves the server's. In simulation ``commit`` returns
+    only when the store holds the committed states (a checkpoint may be written right after it); a
+    deployment (deploy/grid_executor.py) tells each node with its client's next request.
     """
 
     name: str

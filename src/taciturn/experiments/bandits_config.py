@@ -80,9 +80,7 @@ class LinUcbConfig(StrictModel):
     lam: float = Field(1.0, gt=0, description="ridge regularisation")
     delta: float = Field(0.01, gt=0, lt=1, description="confidence level of the radius")
     noise_bound: float | None = Field(None, ge=0, description="R; default: the environment's noise")
-    norm_bound: float | None = Field(
-        None, gt=0, description="S; default: each run's own largest ||theta_i||"
-    )
+    norm_bound: float | None = Field(None, gt=0, description="S; default: each run's own largest ||theta_i||")
 
 
 class BassConfig(StrictModel):
