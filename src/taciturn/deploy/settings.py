@@ -46,6 +46,16 @@ def run_config_of(text: str) -> RunConfig:
             "[channel] drop_up / drop_down simulate lost messages; in a deployment the network "
             "decides what is lost: remove them"
         )
+    if config.secagg.enabled:
+        raise DeployError(
+            "[secagg] is taciturn's simulated secure aggregation; deployed runs do not run it yet "
+            "(docs/deploy.md, 'Not there yet'): remove it"
+        )
+    if config.privacy.enabled and config.privacy.mode == "local":
+        raise DeployError(
+            "[privacy] mode = 'local' adds noise in the simulated client pipeline, which deployed nodes "
+            "do not run yet: use mode = 'central' (noise added on the server)"
+        )
     if config.attack.active:
         raise DeployError("[attack] simulates malicious clients; a deployment has only real ones: remove it")
     if config.analysis.enabled:
