@@ -98,6 +98,11 @@ def test_a_private_run_reports_epsilon_each_round(tmp_path):
     assert eps[0] == 0.0 and eps[1] < eps[2] < eps[3]
     assert eps[3] == pytest.approx(reference.get_epsilon(1e-5), rel=1e-12)
     assert all(math.isfinite(r["loss"]) for r in rows) and rows[1]["noise_std"] == 1.0
+    from taciturn.report.html import write_report
+    from taciturn.report.rundir import RunDir
+
+    report = write_report(RunDir(tmp_path / "dp")).read_text()
+    assert f"epsilon = {eps[3]:.4g} after round 3" in report
 
 
 def test_bad_privacy_configs_fail_before_work():

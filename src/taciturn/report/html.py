@@ -108,10 +108,17 @@ def write_report(rundir: RunDir) -> Path:
             ),
             *(image(images[k]) for k in ("analysis", "centralized") if k in images),
         ]
+    if rows[-1].get("epsilon") is not None:
+        parts += [
+            "<h2>Privacy</h2>",
+            f"<p>Client-level differential privacy: epsilon = {rows[-1]['epsilon']:.4g} after round "
+            f"{rows[-1]['round']}, at the delta of <code>[privacy]</code> (dp-accounting; per round in "
+            "the metrics below).</p>",
+        ]
     events = RunDir.read_jsonl(rundir.events)
     if events:
         parts += [
-            "<h2>Rejected updates and failed clients</h2>",
+            "<h2>Rejected updates, failed clients and skipped rounds</h2>",
             table(
                 ["round", "client", "event", "reason"],
                 [[e["round"], e["client"], e["event"], e["reason"]] for e in events[:200]],
@@ -147,8 +154,9 @@ def _metrics_table(rows: list[dict]) -> str:
         "messages_up",
         "messages_down",
         "wall_s",
+        *[k for k in ("epsilon", "clip_norm", "skipped") if k in rows[-1]],
     ]
-    body = [[r[k] if not isinstance(r[k], float) else f"{r[k]:.4f}" for k in keys] for r in rows]
+    body = [[r.get(k) if not isinstance(r.get(k), float) else f"{r[k]:.4f}" for k in keys] for r in rows]
     return f"<details><summary>{len(rows)} evaluations</summary>{table(keys, body, 0)}</details>"
 
 

@@ -1,0 +1,276 @@
+"""Untrusted clients: attacks against aggregation rules, DP accuracy against epsilon, SecAgg's bytes.
+
+Issue 18's benchmark. Fashion-MNIST, Dirichlet(0.5) over 100 clients, 10 a round, MLP, FedAvg:
+
+* attacks: every attack at 10/20/30% attackers against every server rule, 3 seeds; each cell the
+  mean final accuracy with its 95% t-interval (intervals.py), the clean run beside it;
+* privacy: DP-FedAvg (central, Poisson sampling, RDP) on 1,000 clients at epsilon 1, 2, 4, 8 and
+  infinity (no noise), delta 1e-5, the noise multiplier solved for each epsilon before work;
+* secagg: bytes each client sends and receives per round under SecAgg (complete graph) and SecAgg+
+  (sparse, k = 8) for 10/50/100 clients a round, against the plain model's bytes, from the ledger.
+
+Every run is a taciturn run directory under benchmarks/runs/robustness/.
+
+    python benchmarks/robustness.py --quick     # smoke: the same code at tiny scale, labelled so
+    python benchmarks/robustness.py             # the full grid (hours on a few cores)
+
+Results go to benchmarks/results/robustness.json (quick: robustness_quick.json) in the schema
+{"clean": acc, "attacks": {attack: {fraction: {aggregator: {"mean": acc, "ci95": [lo, hi]}}}},
+ "privacy": {epsilon: acc}, "secagg": {clients: {"bytes_per_client": b, "plain_bytes_per_client": b}}};
+the full run also writes its tables into docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from docs_section import markdown_table, replace_section
+from intervals import IntervalError, t_interval
+from rich.console import Console
+
+from taciturn.core.channel import Channel
+from taciturn.core.codec import encode
+from taciturn.core.ledger import Direction, Ledger
+from taciturn.core.message import Message
+from taciturn.core.rng import Streams
+from taciturn.experiments.config import validate
+from taciturn.experiments.runner import start
+from taciturn.secagg.config import SecAggConfig
+from taciturn.secagg.protocol import SecureSum
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = ROOT / "benchmarks" / "runs" / "robustness"
+RESULTS = ROOT / "benchmarks" / "results"
+console = Console()
+
+ATTACKS = {  # kind: strength (None: the attack's own default, e.g. Baruch et al.'s z_max)
+    "sign_flip": 10.0,
+    "scale": 1e3,
+    "gaussian": 1.0,
+    "label_flip": None,
+    "little_is_enough": None,
+    "weight_lie": 1.0,
+}
+
+
+def aggregators(byzantine: int) -> dict[str, dict[str, Any]]:
+    """Each rule with the attackers' count f it is told (a defender that knows f, as the papers do)."""
+    return {
+        "mean": {},
+        "norm_bound": {"clip_norm": 1.0, "adaptive": True},  # Andrew et al.: the median norm
+        "median": {"kind": "median"},
+        "trimmed_mean": {"kind": "trimmed_mean", "trim": max(byzantine, 1) / 10},
+        "krum": {"kind": "krum", "byzantine": byzantine},
+        "multi_krum": {"kind": "multi_krum", "byzantine": byzantine},
+        "centered_clip": {"kind": "centered_clip", "tau": 1.0, "clip_norm": 1.0, "adaptive": True},
+    }
+
+
+def scale(quick: bool) -> dict[str, Any]:
+    if quick:  # sized for a loaded 2-core machine: a smoke test of the code path, not evidence
+        return {
+            "clients": 10,
+            "per_round": 5,
+            "rounds": 5,
+            "seeds": [0],
+            "fractions": [0.2],
+            "train_size": 2000,
+            "dp_clients": 50,
+            "dp_rounds": 5,
+            "epsilons": [1.0, 8.0, math.inf],
+            "secagg_clients": [10, 20],
+            "secagg_dim": 10_000,
+        }
+    return {
+        "clients": 100,
+        "per_round": 10,
+        "rounds": 100,
+        "seeds": [0, 1, 2],
+        "fractions": [0.1, 0.2, 0.3],
+        "train_size": None,
+        "dp_clients": 1000,
+        "dp_rounds": 100,
+        "epsilons": [1.0, 2.0, 4.0, 8.0, math.inf],
+        "secagg_clients": [10, 50, 100],
+        "secagg_dim": None,
+    }
+
+
+def tree(s: dict[str, Any], seed: int, clients: int, rounds: int, **tables: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {"dataset": "fashion_mnist"}
+    if s["train_size"]:
+        data |= {"train_size": s["train_size"], "test_size": 2000}
+    return {
+        "name": "robustness",
+        "seed": seed,
+        "rounds": rounds,
+        "data": data,
+        "partition": {"kind": "dirichlet", "num_clients": clients, "alpha": 0.5, "min_size": 10},
+        "model": {"kind": "mlp", "hidden": [200]},
+        "algorithm": {
+            "name": "fedavg",
+            "fraction": s["per_round"] / clients,
+            "local": {"epochs": 1, "batch_size": 32, "lr": 0.05},
+        },
+        "eval": {"every": rounds},
+        "checkpoint": {"every": rounds},
+        "engine": {"executor": "sequential"},
+        **tables,
+    }
+
+
+def final_accuracy(name: str, config_tree: dict[str, Any]) -> float:
+    out = RUNS / name
+    shutil.rmtree(out, ignore_errors=True)
+    rows = start(validate(config_tree, name), out, progress=False).read_metrics()
+    return float(rows[-1]["accuracy"])
+
+
+def cell(values: list[float]) -> dict[str, Any]:
+    try:
+        lo, hi = t_interval(values)
+        ci: list[float] | None = [lo, hi]
+    except IntervalError:  # one seed: no interval (a smoke run)
+        ci = None
+    return {"mean": float(np.mean(values)), "ci95": ci, "seeds": values}
+
+
+def attacks(s: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    clean = cell(
+        [final_accuracy(f"clean_s{seed}", tree(s, seed, s["clients"], s["rounds"])) for seed in s["seeds"]]
+    )
+    console.print(f"clean: {clean['mean']:.4f}")
+    out: dict[str, Any] = {}
+    for kind, strength in ATTACKS.items():
+        for fraction in s["fractions"]:
+            f = math.ceil(fraction * s["per_round"])
+            for rule, table in aggregators(f).items():
+                accs = []
+                for seed in s["seeds"]:
+                    attack = {"kind": kind, "fraction": fraction} | (
+                        {} if strength is None else {"strength": strength}
+                    )
+                    config = tree(s, seed, s["clients"], s["rounds"], attack=attack, aggregation=table)
+                    accs.append(final_accuracy(f"{kind}_{fraction}_{rule}_s{seed}", config))
+                out.setdefault(kind, {}).setdefault(str(fraction), {})[rule] = cell(accs)
+                console.print(f"{kind:17s} {fraction:.1f} {rule:14s} {np.mean(accs):.4f}")
+    return clean, out
+
+
+def privacy(s: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for epsilon in s["epsilons"]:
+        tables = (
+            {}
+            if math.isinf(epsilon)
+            else {"privacy": {"enabled": True, "clip": 1.0, "target_epsilon": epsilon, "delta": 1e-5}}
+        )
+        accs = [
+            final_accuracy(f"dp_{epsilon}_s{seed}", tree(s, seed, s["dp_clients"], s["dp_rounds"], **tables))
+            for seed in s["seeds"]
+        ]
+        out["inf" if math.isinf(epsilon) else str(epsilon)] = cell(accs)
+        console.print(f"epsilon {epsilon}: {np.mean(accs):.4f}")
+    return out
+
+
+def secagg(s: dict[str, Any]) -> dict[str, Any]:
+    """Per client and round: everything SecAgg sends and receives, against the plain model's upload."""
+    from taciturn.tasks.models import build_model
+
+    dim = s["secagg_dim"] or sum(
+        p.numel() for p in build_model("mlp", (1, 28, 28), 10, hidden=(200,)).parameters()
+    )
+    plain = len(encode(Message({"w": np.zeros(dim, np.float32)})))
+    out = {}
+    for clients in s["secagg_clients"]:
+        row = {"plain_bytes_per_client": plain, "dim": dim}
+        for graph in ("complete", "sparse"):
+            ledger = Ledger()
+            rng = np.random.default_rng(0)
+            inputs = {c: rng.integers(0, 2**16, dim).astype(np.uint32) for c in range(clients)}
+            started = time.perf_counter()
+            SecureSum(SecAggConfig(enabled=True, graph=graph, neighbours=8), Streams(0)).run(
+                Channel(ledger, Streams(0)), 1, inputs
+            )
+            up, down = ledger.totals(Direction.UP), ledger.totals(Direction.DOWN)
+            key = "bytes_per_client" if graph == "complete" else "sparse_bytes_per_client"
+            row[key] = up.bytes_sent / clients
+            row[key.replace("bytes", "down_bytes")] = down.bytes_sent / clients
+            row[f"{graph}_seconds"] = time.perf_counter() - started
+        out[str(clients)] = row
+        console.print(f"secagg {clients}: {row}")
+    return out
+
+
+def docs(results: dict[str, Any]) -> None:
+    clean = results["clean"]["mean"]
+    body = [f"Clean FedAvg: {clean:.4f}. Mean final accuracy (95% t-interval over seeds):", ""]
+    for kind, by_fraction in results["attacks"].items():
+        rules = list(next(iter(by_fraction.values())))
+        rows = [
+            [fraction, *(f"{c['mean']:.3f} [{c['ci95'][0]:.3f}, {c['ci95'][1]:.3f}]" for c in cells.values())]
+            for fraction, cells in by_fraction.items()
+        ]
+        body += [f"**{kind}**", "", markdown_table(["attackers", *rules], rows), ""]
+    body += [
+        "Privacy (DP-FedAvg, delta 1e-5):",
+        "",
+        markdown_table(
+            ["epsilon", "accuracy"], [[e, f"{c['mean']:.3f}"] for e, c in results["privacy"].items()]
+        ),
+        "",
+    ]
+    body += [
+        "SecAgg bytes per client per round:",
+        "",
+        markdown_table(
+            ["clients/round", "plain upload", "SecAgg up", "SecAgg+ up"],
+            [
+                [
+                    n,
+                    r["plain_bytes_per_client"],
+                    int(r["bytes_per_client"]),
+                    int(r["sparse_bytes_per_client"]),
+                ]
+                for n, r in results["secagg"].items()
+            ],
+        ),
+    ]
+    replace_section("robustness", "\n".join(body), "Robustness, privacy and secure aggregation (issue 18)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="smoke run at tiny scale (labelled so)")
+    args = parser.parse_args()
+    s = scale(args.quick)
+    clean, attacked = attacks(s)
+    results = {
+        "scale": "smoke (--quick): 1 seed, no intervals, not evidence" if args.quick else "full",
+        "settings": s | {"epsilons": [str(e) for e in s["epsilons"]]},
+        "clean": clean["mean"],
+        "clean_cell": clean,
+        "attacks": attacked,
+        "privacy": privacy(s),
+        "secagg": secagg(s),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / ("robustness_quick.json" if args.quick else "robustness.json")
+    path.write_text(json.dumps(results, indent=1))
+    console.print(f"wrote {path}")
+    if not args.quick:
+        docs(results | {"clean": clean})
+
+
+if __name__ == "__main__":
+    main()

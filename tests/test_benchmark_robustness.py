@@ -1,0 +1,51 @@
+"""benchmarks/robustness.py: the code that turns runs into published numbers."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def robustness():
+    sys.path.insert(0, str(BENCHMARKS))  # its sibling modules (intervals, docs_section)
+    spec = importlib.util.spec_from_file_location("bench_robustness", BENCHMARKS / "robustness.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    sys.path.remove(str(BENCHMARKS))
+
+
+def test_a_cell_is_the_mean_and_the_t_interval_over_seeds(robustness):
+    c = robustness.cell([0.70, 0.72, 0.74])
+    half = 4.302653 * 0.02 / np.sqrt(3)  # t_{2, 0.975} * s / sqrt(n), s = 0.02
+    assert c["mean"] == pytest.approx(0.72)
+    assert c["ci95"] == pytest.approx([0.72 - half, 0.72 + half], rel=1e-6)
+    assert robustness.cell([0.5])["ci95"] is None  # one seed: a smoke run states no interval
+
+
+def test_aggregators_are_told_the_attackers_count(robustness):
+    rules = robustness.aggregators(3)
+    assert rules["krum"] == {"kind": "krum", "byzantine": 3}
+    assert rules["trimmed_mean"]["trim"] == pytest.approx(0.3)
+    assert set(rules) == {
+        "mean",
+        "norm_bound",
+        "median",
+        "trimmed_mean",
+        "krum",
+        "multi_krum",
+        "centered_clip",
+    }
+
+
+def test_secagg_bytes_count_every_message_of_the_protocol(robustness):
+    s = {"secagg_clients": [4], "secagg_dim": 1000}
+    row = robustness.secagg(s)["4"]
+    # each client uploads a masked vector of 1000 uint32 (4 kB) besides keys, shares and unmasking
+    assert 4000 < row["bytes_per_client"] < 4000 + 2000
+    assert row["plain_bytes_per_client"] > 4000 and row["dim"] == 1000
