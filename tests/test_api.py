@@ -212,3 +212,32 @@ def test_a_users_loss_gives_the_same_numbers_vectorized_and_sequential(tmp_path)
         rows[executor] = result.metrics
     for a, b in zip(rows["sequential"], rows["vectorized"], strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+
+
+def test_divergence_is_warned_in_the_log_and_the_report(tmp_path, caplog):
+    """A learning rate far too large: the held-out loss leaves 10x its start; run.log has a line per
+    evaluated round, the warning and a final line; the report shows the warning."""
+    x, y = blobs()
+    data = taciturn.data.from_tensors(x[:200] * 50, y[:200], x[200:] * 50, y[200:])
+    config = {**CONFIG, "algorithm": {"fraction": 1.0, "local": {"batch_size": 16, "lr": 50.0}}}
+    result = taciturn.run(config, model=linear_model(), data=data, out=tmp_path / "run")
+    log = RunDir(result.dir).log.read_text()
+    rounds = [
+        line.split("taciturn: round ")[1].split(":")[0]
+        for line in log.splitlines()
+        if "taciturn: round " in line
+    ]
+    assert rounds == ["1", "2", "3", "4"]
+    assert log.count("the run is diverging; lower the learning rate") + log.count("the run diverged") == 1
+    assert "finished: round 4:" in log
+    assert "Warning: the held-out loss" in RunDir(result.dir).report.read_text()
+    calm = taciturn.run(CONFIG, model=linear_model(), data=data, out=tmp_path / "calm", report=False)
+    assert "diverg" not in RunDir(calm.dir).log.read_text()
+
+
+def test_divergence_rules():
+    from taciturn.report.divergence import divergence
+
+    assert divergence([{"round": 0, "loss": 1.0}, {"round": 1, "loss": 9.9}]) is None
+    assert "over 10x" in divergence([{"round": 0, "loss": 1.0}, {"round": 3, "loss": 10.5}])
+    assert "is nan at round 2" in divergence([{"round": 0, "loss": 1.0}, {"round": 2, "loss": float("nan")}])

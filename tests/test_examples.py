@@ -61,3 +61,12 @@ def test_plugin_example_from_the_command_line(in_tmp):
     model.load_state_dict(load_file("plugin.safetensors"))
     rows = RunDir(in_tmp / "runs" / "plugin").read_metrics()
     assert rows[-1]["accuracy"] > rows[0]["accuracy"]
+
+
+def test_hf_text_example(in_tmp):
+    pytest.importorskip("datasets")
+    scope = runpy.run_path(str(REPO / "examples" / "hf_text.py"), run_name="__main__")
+    result, reloaded = scope["result"], scope["model"]
+    assert result.metrics[-1]["accuracy"] >= 0.9  # the label word is in every review
+    for name, tensor in result.model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[name], tensor)

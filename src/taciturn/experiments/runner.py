@@ -43,6 +43,7 @@ from taciturn.experiments.user import (
     user_loss,
     user_model,
 )
+from taciturn.report.divergence import divergence, row_line
 from taciturn.report.rundir import RunDir
 from taciturn.server.aggregation import ChainState
 from taciturn.tasks import squared_error
@@ -412,6 +413,8 @@ def _loop(
         counters["round"] + 1,
         config.rounds,
     )
+    first = next(iter(rundir.read_metrics()), None)  # round 0: the loss divergence is measured against
+    warned = False
     try:
         with RoundProgress(
             config.rounds, counters["round"], enabled=progress, metric=exp.task.primary_metric
@@ -440,6 +443,10 @@ def _loop(
                     counters["wall_s"] += time.perf_counter() - started
                     row = _with_analysis(exp, state, row)
                     RunDir.append_jsonl(rundir.metrics, row)
+                    log.info(row_line(row, exp.task.primary_metric))
+                    if not warned and (why := divergence([first or row, row])):
+                        log.warning(why)
+                        warned = True
                 if round % config.checkpoint.every == 0 or round == config.rounds:
                     extras = {} if exp.analysis is None else exp.analysis.checkpoint_extras()
                     if exp.federation.aggregation is not None:
@@ -449,6 +456,8 @@ def _loop(
                 bar.update(round, row, exp.ledger)
                 for callback in callbacks:
                     callback(RoundEnd(round, row, report, state, exp.algorithm))
+        last = rundir.read_metrics()[-1:]
+        log.info("finished: %s", row_line(last[0], exp.task.primary_metric) if last else "no evaluation")
     finally:
         exp.federation.executor.close()
         log.removeHandler(handler)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from taciturn.report.divergence import divergence
 from taciturn.report.rundir import RunDir
 
 STYLE = """
@@ -71,6 +72,8 @@ def write_report(rundir: RunDir) -> Path:
     images = plots.run_plots(rundir)
     rows = rundir.read_metrics()
     parts = [f"<h1>taciturn run: {html.escape(rundir.path.name)}</h1>"]
+    if why := divergence(rows):
+        parts.append(f'<p style="color:#b00;font-weight:bold">Warning: {html.escape(why)}</p>')
     metric = rundir.primary_metric()
     parts.append(table(["", "value"], [[k, v] for k, v in summary(rows, metric).items()]))
     parts += [
