@@ -296,6 +296,7 @@ def run_workload(name: str, reps: int, quick: bool, only: set[str] | None = None
     runs: dict[str, list[Measured]] = {}
     accuracy: dict[str, float | None] = {}
     load: list[float] = []
+    executors: list[str] = []  # what `auto` chose in each repetition, and the numbers it chose by
     for rep in range(reps):
         for impl, (command, result) in commands(name, config, folder / "plan", folder / "out", quick).items():
             if only and impl not in only:
@@ -305,6 +306,8 @@ def run_workload(name: str, reps: int, quick: bool, only: set[str] | None = None
             m = measure(command)
             runs.setdefault(impl, []).append(m)
             accuracy[impl] = final_accuracy(result)
+            if impl == "taciturn":
+                executors.append(executor_decision(result.parent / "run.log"))
             console.print(
                 f"  rep {rep + 1} {impl:<22} {m.wall_s:7.2f} s  rss {m.peak_rss_mb:7.0f} MB  "
                 f"pss {m.peak_pss_mb:7.0f} MB  acc {accuracy[impl]}",
@@ -320,6 +323,7 @@ def run_workload(name: str, reps: int, quick: bool, only: set[str] | None = None
         "peak_pss_mb": {impl: max(m.peak_pss_mb for m in ms) for impl, ms in runs.items()},
         "accuracy": accuracy,
         "load_before_max": max(load),
+        "auto_chose": executors,
         "ratio_to_floor": {
             impl: ratio_interval([m.wall_s for m in ms], [m.wall_s for m in runs["floor"]])
             for impl, ms in runs.items()
@@ -328,6 +332,16 @@ def run_workload(name: str, reps: int, quick: bool, only: set[str] | None = None
     }
     result["gflops"] = {impl: training_flops(meta) / 1e9 / w for impl, w in wall.items()}
     return result
+
+
+def executor_decision(log: Path) -> str:
+    """The executor `auto` ran, from the run log: the trial's line if it tried two, else its choice."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    picked = [line.split("executor", 1)[1] for line in lines if "executor trial" in line]
+    picked = picked or [
+        line.split("executor: ", 1)[1].split(" (")[0] for line in lines if "executor: " in line
+    ]
+    return picked[-1].strip() if picked else "?"
 
 
 def ratio_interval(times: list[float], floor: list[float]) -> dict[str, float]:
@@ -455,6 +469,7 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
             "sgd_steps": res["plan"]["sgd_steps"],
             "ratio_to_floor": res["ratio_to_floor"],
             "load_before_max": res["load_before_max"],
+            "auto_chose": res["auto_chose"],
         }
     out["claims"] = claims(results)
     return out
@@ -551,6 +566,14 @@ def render(results: dict[str, Any], section: str = "speed") -> str:
             + markdown_table(["workload", *(i for i in impls if i != "floor")], ratios)
         )
         parts.append("\n".join(f"* {line}" for line in claims(results)))
+        parts.append(
+            "What `auto` ran, per repetition:\n\n"
+            + "\n".join(
+                f"* {name}: " + "; ".join(res["auto_chose"])
+                for name, res in results.items()
+                if isinstance(res, dict) and res.get("auto_chose")
+            )
+        )
     if "W4" in results:
         w4 = results["W4"]
         parts.append(

@@ -41,3 +41,16 @@ def test_claims_need_the_whole_interval_below_the_bar():
     assert "does not hold" in w
     w3["wall_s"]["taciturn"] = 5.7  # 1.056x the fastest
     assert "does not hold" in speed.claims({"W3": w3})[0]
+
+
+def test_what_auto_ran_is_read_from_the_run_log(tmp_path):
+    speed = load_speed()
+    log = tmp_path / "run.log"
+    log.write_text("2026 INFO taciturn: executor: sequential or parallel with 2 workers (probe...); client\n")
+    assert speed.executor_decision(log) == "sequential or parallel with 2 workers"
+    with log.open("a") as f:
+        f.write(
+            "2026 INFO taciturn.engine.trial: executor trial (best of 2): a 1 s, b 2 s (2.00x): keeping a\n"
+        )
+    assert speed.executor_decision(log) == "trial (best of 2): a 1 s, b 2 s (2.00x): keeping a"
+    assert speed.executor_decision(tmp_path / "missing.log") == "?"
