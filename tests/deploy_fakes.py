@@ -2,7 +2,8 @@
 
 It is Flower's own Message, RecordDict and ClientApp dispatch, without SuperLink processes, so
 the deployed round logic can be checked exactly against the simulation in milliseconds; a reply
-can be lost on purpose (``lose``), as a network or a dead node would lose it.
+can be lost on purpose (``lose``), as a network would lose it, and a node can be down for some
+rounds and come back under a new node id (``outages``), as a restarted SuperNode does.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ SERVER_NODE = 0
 
 
 class FakeGrid(Grid):
-    def __init__(self, config: RunConfig, hosts: list[list[int]], state_root: Path, lose=frozenset()):
+    def __init__(
+        self, config: RunConfig, hosts: list[list[int]], state_root: Path, lose=frozenset(), outages=None
+    ):
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SERVER_NODE, 1
         self.run_config = {"taciturn-config": to_toml(config)}
         self.node_configs = {
@@ -29,6 +32,8 @@ class FakeGrid(Grid):
             for node, clients in enumerate(hosts, start=1)
         }
         self.lose = set(lose)  # (round, client) whose train reply never arrives
+        self.outages = dict(outages or {})  # node -> (first, last) round it is down; then a new id
+        self.round = 0  # the executor asks for the nodes once at the start of each round
         self.replies: dict[str, Message] = {}
         self.requests: list[Message] = []
 
@@ -43,7 +48,12 @@ class FakeGrid(Grid):
         return Message(content, dst_node_id, message_type, group_id=group_id, ttl=ttl)
 
     def get_node_ids(self) -> Iterable[int]:
-        return list(self.node_configs)
+        self.round += 1
+        for node, (_, last) in self.outages.items():
+            if self.round == last + 1:  # restarted: same config and state folder, a new node id
+                self.node_configs[100 + node] = self.node_configs[node]
+        down = {n for n, (first, last) in self.outages.items() if first <= self.round}
+        return [n for n in self.node_configs if n not in down]
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []

@@ -1,6 +1,7 @@
 """Deployed rounds (taciturn.deploy) against the simulation: same numbers, same payload bytes."""
 
 import csv
+import itertools
 
 import pytest
 import torch
@@ -167,3 +168,32 @@ def test_test_credentials_chain_to_their_ca(tmp_path):
         key = load_ssh_private_key(files[f"node-{i}"].read_bytes(), None)
         assert key.public_key() == load_ssh_public_key(files[f"node-{i}.pub"].read_bytes())
     assert files["server.key"].stat().st_mode & 0o077 == 0  # private keys readable by their owner only
+
+
+def test_a_node_down_for_two_rounds_catches_up_with_its_persisted_state(tmp_path):
+    """Node 2 (clients 3, 4, 5) dies after round 1 and restarts before round 4 with a new node id."""
+    scaffold = ALGORITHMS["scaffold"] | {"fraction": 1.0}
+    config = tiny_config(rounds=4, algorithm=scaffold)
+    grid = FakeGrid(config, HOSTS, tmp_path / "nodes", outages={2: (2, 3)})
+    deployed = run_deployed(grid, ServerSettings(config, tmp_path / "deployed", False, 5.0))
+    delivered = [row["delivered_up"] for row in deployed.read_metrics()]
+    assert [b - a for a, b in itertools.pairwise(delivered)] == [8, 5, 5, 8]  # its clients dropped, then back
+    trains = [
+        (m.metadata.dst_node_id, protocol.read_request(m.content))
+        for m in grid.requests
+        if m.metadata.message_type == "train"
+    ]
+    back = {r.client: (node, r.accepted) for node, r in trains if r.round == 4 and r.client in (3, 4, 5)}
+    assert back == {3: (102, 1), 4: (102, 1), 5: (102, 1)}  # the new node, told round 1 was accepted
+
+    # the state it trained round 4 from is exactly what it committed from round 1, as a node that
+    # never went down commits it one round later
+    steady = tiny_config(rounds=2, algorithm=scaffold)
+    run_deployed(
+        FakeGrid(steady, HOSTS, tmp_path / "steady"), ServerSettings(steady, tmp_path / "s", False, 5.0)
+    )
+    for client in (3, 4, 5):
+        restarted = NodeStateStore(tmp_path / "nodes" / "node2").get(client)
+        never_down = NodeStateStore(tmp_path / "steady" / "node2").get(client)
+        assert restarted.keys() == never_down.keys()
+        assert all(torch.equal(restarted[k], never_down[k]) for k in restarted)
