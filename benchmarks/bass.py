@@ -162,6 +162,14 @@ def summarise(results: dict[str, dict]) -> dict:
         "final_regret_std": {
             s: {m: float(r["regret"][-1].std()) for m, r in res.items()} for s, res in results.items()
         },
+        # heavy tails (one stuck run dominates a mean): the median and interquartile range beside it
+        "final_regret_median": {
+            s: {m: float(np.median(r["regret"][-1])) for m, r in res.items()} for s, res in results.items()
+        },
+        "final_regret_iqr": {
+            s: {m: [float(q) for q in np.percentile(r["regret"][-1], [25, 75])] for m, r in res.items()}
+            for s, res in results.items()
+        },
         "f1_final": {
             s: float(res["bass"]["f1"][-1].mean()) for s, res in results.items() if parse_setting(s)[1]
         },
@@ -242,14 +250,20 @@ def plot_regret_vs_bytes(results: dict, path: Path) -> Path:
 
 def tables_markdown(summary: dict, variants: dict, plots: dict[str, str]) -> str:
     methods = list(METHODS + EXTRA)
-    lines = ["Final cumulative pseudo-regret at T (mean ± std over the 10 runs, lower is better):", ""]
+    lines = [
+        "Final cumulative pseudo-regret at T (mean ± std over the 10 runs, lower is better; below it "
+        "the median [interquartile range], which one stuck run cannot drag):",
+        "",
+    ]
     lines += ["| setting | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
     for s, by_method in summary["final_regret"].items():
         best = min(v for m, v in by_method.items() if m != "oracle")
         cells = []
         for m in methods:
             text = f"{by_method[m]:.0f} ± {summary['final_regret_std'][s][m]:.0f}"
-            cells.append(f"**{text}**" if by_method[m] == best else text)
+            q25, q75 = summary["final_regret_iqr"][s][m]
+            text = f"**{text}**" if by_method[m] == best else text
+            cells.append(f"{text}<br>{summary['final_regret_median'][s][m]:.0f} [{q25:.0f}, {q75:.0f}]")
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
     lines += ["", "(bold: best method that does not know the clusters; `oracle` is given them.)", ""]
     lines += [

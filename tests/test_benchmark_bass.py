@@ -20,6 +20,11 @@ def test_quick_benchmark_writes_final_regret_and_f1_per_setting(tmp_path, monkey
     assert set(results["final_regret"]) == {"N2_C2", "N2_none", "N6_C2", "N6_none"}
     for by_method in results["final_regret"].values():
         assert methods <= set(by_method) and all(math.isfinite(v) and v >= 0 for v in by_method.values())
+    for setting, by_method in results["final_regret"].items():  # same shape, and each median inside its IQR
+        assert set(results["final_regret_median"][setting]) == set(by_method)
+        for m, median in results["final_regret_median"][setting].items():
+            q25, q75 = results["final_regret_iqr"][setting][m]
+            assert q25 <= median <= q75
     assert set(results["f1_final"]) == {"N2_C2", "N6_C2"}
     assert all(0 <= f1 <= 1 for f1 in results["f1_final"].values())
     assert results["mb_shared"]["N6_C2"]["independent"] == 0 < results["mb_shared"]["N6_C2"]["pooled"]

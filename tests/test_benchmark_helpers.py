@@ -141,9 +141,15 @@ def test_savings_are_claimed_only_where_intervals_separate():
     out = bench.saving(best, 0.8)
     assert out["event_admm"] == {"saving": 0.5, "separated": True}
     assert out["event_admm_relative"] == {"saving": pytest.approx(0.05), "separated": False}
-    lines = bench.conclusions({"0.8": out}, [0.8])
+    lines = bench.conclusions({"0.8": out}, [0.8], best)
     assert lines == [
         "At 80%, event_admm needs 50% fewer events than the best baseline (95% intervals separate)."
+    ]
+    best["fedavg"]["0.8"] = None  # no baseline reached it: no events to compare, and it is said
+    lines = bench.conclusions({"0.8": bench.saving(best, 0.8)}, [0.8], best)
+    assert lines == [
+        "At 80%, no baseline method reached the target in every seed; event_admm, event_admm_relative did.",
+        "No event variant's 95% interval separates from the best baseline's: no claim on events.",
     ]
 
 
