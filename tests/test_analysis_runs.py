@@ -125,3 +125,16 @@ def test_an_impossible_subset_is_a_config_error(tmp_path, capsys):
     path.write_text('[data]\ndataset = "digits"\nclasses = [0, 1]\ntrain_size = 5000\n')
     assert main(["run", str(path), "--out", str(tmp_path / "out"), "--quiet"]) == 2
     assert "[data] data.train_size = 5000, but only" in capsys.readouterr().err.replace("\n", " ")
+
+
+def test_the_analysis_columns_take_their_exact_values_where_the_answer_is_known(tmp_path):
+    """A linear model's NTK never changes; a federation of one client has zero divergence. A run
+    that mixed up the columns or measured the wrong model would show non-zero values here (and the
+    > 0 checks above show they are not always 0)."""
+    linear = start(wide_config(model={"kind": "logreg"}), tmp_path / "linear", progress=False).read_metrics()
+    for row in linear[1:]:
+        assert row["ntk_change"] == pytest.approx(0.0, abs=1e-6)
+        assert row["divergence"] > 1e-3 and row["weight_change"] > 1e-3  # the model moved; clients differ
+    alone = wide_config(partition={"kind": "iid", "num_clients": 1})
+    for row in start(alone, tmp_path / "alone", progress=False).read_metrics()[1:]:
+        assert row["divergence"] == 0.0

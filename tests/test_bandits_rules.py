@@ -1,5 +1,7 @@
 """Sharing rules: oracle clustering is pooled LinUCB inside each cluster; the baselines' mechanics by hand."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -143,3 +145,20 @@ def test_pair_f1_by_hand():
     apart = np.array([[0, 1]])
     assert pair_f1(np.eye(2, dtype=bool)[None], apart)[0] == 1.0  # nothing to find, nothing claimed
     assert pair_f1(np.ones((1, 2, 2), dtype=bool), apart)[0] == 0.0
+
+
+def test_club_threshold_is_the_sum_of_both_agents_widths():
+    """CB_i + CB_j with unequal widths: agent 0 has 100 samples, agents 1 and 2 none, so one
+    distance just inside the sum and one just outside tell the sum from either width alone."""
+
+    def width(count):  # CB = gamma sqrt((1 + ln(1 + T)) / (1 + T)), gamma = 1
+        return math.sqrt((1 + math.log(1 + count)) / (1 + count))
+
+    threshold = width(100) + width(0)  # 0.2402 + 1
+    stats = stats_with([[0.0, 0.0], [threshold - 0.01, 0.0], [0.0, threshold + 0.01]], [100, 0, 0])
+    club = Club(1, 3, gamma=1.0)
+    club.update(stats, np.array([0]), np.array([0]), step=0)
+    assert club.graph[0, 0].tolist() == [True, True, False]
+    doubled = Club(1, 3, gamma=2.0)  # gamma scales both widths: nothing is that far apart
+    doubled.update(stats, np.array([0]), np.array([0]), step=0)
+    assert doubled.graph[0, 0].all()

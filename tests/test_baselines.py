@@ -103,20 +103,34 @@ def test_scaffold_option_two_equals_the_paper_formula_for_plain_sgd():
 
 
 def test_scaffold_messages_carry_two_vectors_each_way():
-    data = least_squares_data()
-    scaffold = Scaffold(ScaffoldConfig(fraction=1.0, local=FULL_BATCH))
-    avg = FedAvg(FedAvgConfig(fraction=1.0, local=FULL_BATCH))
-    ledgers = []
-    for algorithm in (scaffold, avg):
-        fed = federation(algorithm, data)
-        run(fed, start(algorithm, data), 1)
-        ledgers.append(fed.executor.pipeline.channel.ledger)
-    from taciturn.core import Direction
+    """Exact bytes: the ledger counts every encoded message, and each SCAFFOLD message carries two
+    float64 3-vectors (48 bytes of array data) where FedAvg's carries one (24)."""
+    import struct
 
-    for d in Direction:
-        s, a = ledgers[0].totals(d), ledgers[1].totals(d)
-        assert s.messages_sent == a.messages_sent == 5
-        assert s.bytes_sent > 1.9 * a.bytes_sent - 5 * 200  # two 3-vectors of float64 vs one (+ headers)
+    from taciturn.core import Direction, encode
+
+    data = least_squares_data()
+    for algorithm, payload in (
+        (Scaffold(ScaffoldConfig(fraction=1.0, local=FULL_BATCH)), 48),
+        (FedAvg(FedAvgConfig(fraction=1.0, local=FULL_BATCH)), 24),
+    ):
+        fed = federation(algorithm, data)
+        channel, sent = fed.executor.pipeline.channel, {d: [] for d in Direction}
+        original = channel.send
+
+        def send(direction, round, client, message, original=original, sent=sent):
+            sent[direction].append(encode(message))
+            return original(direction, round, client, message)
+
+        channel.send = send
+        run(fed, start(algorithm, data), 1)
+        for d in Direction:
+            totals = channel.ledger.totals(d)
+            assert totals.messages_sent == len(sent[d]) == 5
+            assert totals.bytes_sent == sum(len(blob) for blob in sent[d])
+            for blob in sent[d]:  # safetensors: 8-byte header length, JSON header, array data
+                (header,) = struct.unpack("<Q", blob[:8])
+                assert len(blob) - 8 - header == payload
 
 
 def test_fedadmm_server_averages_over_all_clients_with_stale_copies():
@@ -153,3 +167,64 @@ def test_fedadmm_with_sgd_x_updates_approaches_the_optimum():
     late = run(fed, early, 30, first=11)
     target = optimum(data, uniform=True)
     assert torch.linalg.norm(late.z["w"] - target) < 0.2 * torch.linalg.norm(early.z["w"] - target)
+
+
+def local_path_by_hand(a, b, x, linear, steps, lr, momentum, mu=0.0):
+    """Full-batch heavy-ball SGD (PyTorch semantics: buf <- momentum buf + d; w <- w - lr buf) on
+    (1/2n)||A w - b||^2 + <w, linear> + (mu/2)||w - x||^2 from x: (the end point, the mean raw
+    least-squares gradient along the path)."""
+    w, buf, raw = x.clone(), None, []
+    for _ in range(steps):
+        g = a.T @ (a @ w - b) / len(b)
+        raw.append(g)
+        d = g + linear + mu * (w - x)
+        buf = d if buf is None else momentum * buf + d
+        w = w - lr * buf
+    return w, sum(raw) / steps
+
+
+def test_scaffold_option_two_with_momentum_keeps_the_mean_raw_gradient_exactly():
+    """The docstring's choice: with momentum, c_i+ is the mean raw gradient taken along the path,
+    not the paper's c_i - c + (x - y)/(K lr) (which overshoots ~1/(1 - beta)-fold and made setting A
+    diverge). Two rounds, two clients, by hand: the second has a non-zero correction c - c_i."""
+    data = least_squares_data(num_clients=2)
+    steps, lr, beta = 4, 0.02, 0.9
+    scaffold = Scaffold(ScaffoldConfig(fraction=1.0, local={**FULL_BATCH, "steps": steps, "momentum": beta}))
+    fed = federation(scaffold, data)
+    p = [data.client_size(c) / data.num_samples for c in range(2)]
+    batches = [data.batch(data.client_indices(c)) for c in range(2)]
+    x, c, c_i = torch.zeros(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64), [0.0, 0.0]
+    state = start(scaffold, data)
+    for round in (1, 2):
+        paths = [local_path_by_hand(*batches[i], x, c - c_i[i], steps, lr, beta) for i in range(2)]
+        paper = [c_i[i] - c + (x - y) / (steps * lr) for i, (y, _) in enumerate(paths)]
+        x = x + sum(p[i] * (paths[i][0] - x) for i in range(2))
+        c = c + sum(p[i] * (paths[i][1] - c_i[i]) for i in range(2))
+        c_i = [g for _, g in paths]
+        state, _ = fed.run_round(state, round)
+        for i in range(2):
+            held = fed.executor.pipeline.store.get(i)["c/w"]
+            torch.testing.assert_close(held, c_i[i], rtol=1e-12, atol=1e-12)
+            assert torch.linalg.norm(held - paper[i]) > 0.5 * torch.linalg.norm(held)  # the premise
+        torch.testing.assert_close(state.params["w"], x, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(state.control["w"], c, rtol=1e-12, atol=1e-12)
+
+
+def test_fedprox_trains_on_the_proximal_objective_by_hand():
+    """mu > 0: every local step adds mu (w - w^t); two rounds, two clients, momentum 0.5."""
+    data = least_squares_data(num_clients=2)
+    steps, lr, mu = 5, 0.02, 0.7
+    fedprox = FedProx(
+        FedProxConfig(fraction=1.0, mu=mu, local={**FULL_BATCH, "steps": steps, "momentum": 0.5})
+    )
+    fed = federation(fedprox, data)
+    n = [data.client_size(c) for c in range(2)]
+    batches = [data.batch(data.client_indices(c)) for c in range(2)]
+    x, state = torch.zeros(3, dtype=torch.float64), start(fedprox, data)
+    for round in (1, 2):
+        ends = [local_path_by_hand(*batches[i], x, 0.0, steps, lr, 0.5, mu)[0] for i in range(2)]
+        without = [local_path_by_hand(*batches[i], x, 0.0, steps, lr, 0.5)[0] for i in range(2)]
+        assert all(torch.linalg.norm(e - w) > 1e-3 for e, w in zip(ends, without, strict=True))  # mu bites
+        x = x + sum(n[i] * (ends[i] - x) for i in range(2)) / sum(n)
+        state, _ = fed.run_round(state, round)
+        torch.testing.assert_close(state.params["w"], x, rtol=1e-12, atol=1e-12)

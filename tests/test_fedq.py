@@ -1,11 +1,13 @@
 """FedQ-Hoeffding / FedQ-Bernstein: the trigger, both aggregation cases, the messages, exact regret."""
 
+import math
+
 import numpy as np
 import pytest
 
 from taciturn.core import Channel, Ledger, Message, Streams, codec
 from taciturn.core.ledger import Direction
-from taciturn.rl import FedQ, FedQFederation, UCBQLearning, bonuses, random_mdp, ucb
+from taciturn.rl import FedQ, FedQFederation, UCBQLearning, bonuses, random_mdp, step_sizes, ucb
 from taciturn.rl.agents import explore, trigger_thresholds
 from taciturn.rl.mdp import TabularMDP
 from taciturn.rl.step_sizes import alpha
@@ -122,7 +124,7 @@ def test_case_1_applies_the_samples_one_by_one_in_agent_order():
     new, aggregation = fedq.aggregate(state, uploads(fedq, [(3, 1, 2.5), (0, 1, 0.5), (1, 1, 1.5)]))
     q = 2.5
     for t, v in zip((6, 7, 8), (0.5, 1.5, 2.5), strict=True):  # agents 0, 1, 3
-        q = (1 - alpha(t, 3)) * q + alpha(t, 3) * (0.4 + v + bonuses.hoeffding(t, 3, 1.0, 1.0))
+        q = (1 - alpha(t, 3)) * q + alpha(t, 3) * (0.4 + v + math.sqrt(3**3 / t))
     assert new.q[0, 0, 0] == pytest.approx(q, rel=1e-12)
     assert new.visits[0, 0, 0] == 8 and (aggregation.case1, aggregation.case2) == (1, 0)
     untouched = np.ones_like(state.q, dtype=bool)
@@ -140,7 +142,7 @@ def test_case_2_is_equal_weight_aggregation():
     t1 = t0 + 5
     keep = np.prod([1 - alpha(t, H) for t in range(t0 + 1, t1 + 1)])
     v_bar = (2 * 1.0 + 3 * 2.0) / 5
-    half_beta = sum(theta_weight(t, t1, H) * bonuses.hoeffding(t, H, 1.0, 1.0) for t in range(t0 + 1, t1 + 1))
+    half_beta = sum(theta_weight(t, t1, H) * math.sqrt(H**3 / t) for t in range(t0 + 1, t1 + 1))
     expected = keep * 1.7 + (1 - keep) * (0.4 + v_bar) + half_beta
     assert new.q[0, 0, 0] == pytest.approx(expected, rel=1e-12)
     assert new.visits[0, 0, 0] == t1 and (aggregation.case1, aggregation.case2) == (0, 1)
@@ -223,7 +225,10 @@ def test_lost_messages_hit_only_what_they_carry():
     assert np.array_equal(state.q, fedq.init().q) and (state.visits == 0).all()
     fedq, fed = federation(mdp, agents=4, drop_down=0.5, seed=1)
     explorers = [fed.run_round(fedq.init(), k, max_episodes=10)[1].exploring for k in range(1, 30)]
-    assert 0 in explorers and 4 in explorers and min(explorers) >= 0  # some agents sit rounds out
+    # exactly the agents whose broadcast survived its own seeded drop (core/channel.py) explore
+    streams = Streams(1)
+    heard = [sum(streams.numpy(k, m, "drop-down").random() >= 0.5 for m in range(4)) for k in range(1, 30)]
+    assert explorers == heard and 0 in explorers and 4 in explorers  # some rounds nobody, some everyone
 
 
 def test_the_federation_refuses_a_mismatched_mdp():
@@ -255,3 +260,32 @@ def test_ucb_bernstein_first_visit_adds_half_the_capped_bonus():
     states, _ = learner.episode(np.array([[0.3, 0.3, 0.3]]))
     # step 2 from state 0 with action 0: alpha_1 = 1, Q = r + V_3 + b_1, b_1 = beta_1 / 2 = sqrt(H^3) / 2
     assert learner.q[0, 1, states[0, 1], 0] == pytest.approx(mdp.rewards[1, states[0, 1], 0] + np.sqrt(8) / 2)
+
+
+def test_bonus_and_step_size_formulas_by_hand():
+    """Every constant of the bonuses and step sizes, written out here rather than called."""
+    H, c, iota = 3, 2.0, 1.5
+    assert bonuses.hoeffding(4, H, c, iota) == pytest.approx(2.0 * math.sqrt(27 * 1.5 / 4), rel=1e-14)
+
+    def a(t):  # alpha_t = (H + 1) / (H + t)
+        return 4 / (3 + t)
+
+    assert alpha(5, H) == pytest.approx(4 / 8, rel=1e-14)
+    # theta_7^5 = alpha_5 (1 - alpha_6)(1 - alpha_7); hoeffding_round(4, 7) sums theta_7^t b_t, t = 5..7
+    theta_75 = a(5) * (1 - a(6)) * (1 - a(7))
+    assert step_sizes.theta(5, 7, H) == pytest.approx(theta_75, rel=1e-14)
+    weights = {t: a(t) * math.prod(1 - a(j) for j in range(t + 1, 8)) for t in (5, 6, 7)}
+    by_hand = sum(w * c * math.sqrt(27 * iota / t) for t, w in weights.items())
+    assert bonuses.hoeffding_round(np.array([4]), np.array([7]), H, c, iota)[0] == pytest.approx(
+        by_hand, rel=1e-13
+    )
+
+    B = 0.5  # Bernstein: c min{sqrt(H iota (W + H) / t) + iota B / t, sqrt(H^3 iota / t)}, 0 at t = 0
+    got = bonuses.bernstein(np.array([0, 4, 40]), np.array([1.0, 1.0, 200.0]), H, B, c, iota)
+    assert got[0] == 0.0
+    assert got[1] == pytest.approx(2.0 * (math.sqrt(3 * 1.5 * 4 / 4) + 1.5 * 0.5 / 4), rel=1e-14)
+    assert got[2] == pytest.approx(2.0 * math.sqrt(27 * 1.5 / 40), rel=1e-14)  # the cap binds
+    assert bonuses.jin_burn_in(2, 3, 4) == pytest.approx(math.sqrt(2**7 * 3 * 4), rel=1e-14)
+    assert bonuses.fedq_burn_in(2, 3, 4, 5) == pytest.approx(
+        math.sqrt(2**7 * 12) + math.sqrt(5 * 12 * 2**6), rel=1e-14
+    )
