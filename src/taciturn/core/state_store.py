@@ -9,7 +9,7 @@ processes can share them. Checkpoints go through the codec or raw arrays, never 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -60,15 +60,26 @@ class MemoryStateStore(ClientStateStore):
 
     def save(self, folder: Path) -> None:
         """One safetensors file with ``<client>/<name>`` keys."""
-        arrays = {
-            f"{client}/{name}": tensor.detach().cpu().numpy()
-            for client in self.clients()
-            for name, tensor in self._states[client].items()
-        }
-        (folder / self.FILE).write_bytes(encode(Message(arrays=arrays)))
+        (folder / self.FILE).write_bytes(encode_states({c: self._states[c] for c in self.clients()}))
 
     def load(self, folder: Path) -> None:
-        self._states = {}
-        for key, tensor in decode((folder / self.FILE).read_bytes()).tensors().items():
-            client, name = key.split("/", 1)
-            self._states.setdefault(int(client), {})[name] = tensor
+        self._states = decode_states((folder / self.FILE).read_bytes())
+
+
+def encode_states(states: Mapping[int, ClientState]) -> bytes:
+    """Several clients' states as one codec message with ``<client>/<name>`` keys (checkpoints, and
+    the wire between Ray actors: no pickle)."""
+    arrays = {
+        f"{client}/{name}": tensor.detach().cpu().numpy()
+        for client, state in states.items()
+        for name, tensor in state.items()
+    }
+    return encode(Message(arrays=arrays))
+
+
+def decode_states(data: bytes) -> dict[int, ClientState]:
+    states: dict[int, ClientState] = {}
+    for key, tensor in decode(data).tensors().items():
+        client, name = key.split("/", 1)
+        states.setdefault(int(client), {})[name] = tensor
+    return states

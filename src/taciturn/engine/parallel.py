@@ -19,8 +19,6 @@ sequential executor up to floating-point rounding.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import importlib
 import json
 import logging
 import multiprocessing
@@ -28,19 +26,17 @@ import os
 import traceback
 from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection
-from typing import Any
 
-import numpy as np
 import torch
 
-from taciturn.algorithms.base import ArraySpec, Arrival
+from taciturn.algorithms.base import ArraySpec
 from taciturn.core.channel import Channel
 from taciturn.core.codec import decode, encode
 from taciturn.core.ledger import Direction, Ledger
 from taciturn.core.message import Message
-from taciturn.core.packing import pack, unpack
 from taciturn.engine.executor import Executor, LoopTrainer
 from taciturn.engine.pipeline import ClientPipeline, RoundPart, Trainer, merge
+from taciturn.engine.wire import decode_part, decode_spec, encode_part, encode_spec
 
 log = logging.getLogger(__name__)
 
@@ -117,17 +113,7 @@ class ParallelExecutor(Executor):
             raise WorkerFailed(header["error"])
         for row in header["ledger"]:
             self.pipeline.channel.ledger.add_row(row)
-        accumulated = _decode_partial(
-            header["partial"], [decode(conn.recv_bytes()) for _ in range(header["blobs"])]
-        )
-        return RoundPart(
-            accumulated,
-            header["accepted"],
-            [tuple(r) for r in header["rejected"]],
-            [tuple(f) for f in header["failed"]],
-            header["losses"],
-            {int(c): info for c, info in header["client_info"].items()},
-        )
+        return decode_part(header, [conn.recv_bytes() for _ in range(header["blobs"])])
 
     def close(self) -> None:
         for process, conn in self._workers:
@@ -174,31 +160,11 @@ def _send_request(
         "clients": clients,
         "downlink": which,
         "blobs": len(distinct),
-        "spec": {k: [list(v.shape), v.dtype.str] for k, v in spec.items()},
+        "spec": encode_spec(spec),
     }
     conn.send_bytes(json.dumps(header).encode())
     for message in distinct:
         conn.send_bytes(encode(message))
-
-
-def _encode_partial(partial: Any) -> tuple[dict[str, Any], list[bytes]]:
-    if isinstance(partial, list):  # the default accumulation: the arrivals themselves
-        return {"kind": "arrivals", "clients": [a.client for a in partial]}, [
-            encode(a.message) for a in partial
-        ]
-    if dataclasses.is_dataclass(partial):
-        cls = type(partial)
-        return {"kind": "packed", "class": f"{cls.__module__}:{cls.__qualname__}"}, [encode(pack(partial))]
-    raise TypeError(f"cannot send a partial aggregate of type {type(partial).__name__} between processes")
-
-
-def _decode_partial(header: dict[str, Any], messages: list[Message]) -> Any:
-    if header["kind"] == "arrivals":
-        return [Arrival(c, m) for c, m in zip(header["clients"], messages, strict=True)]
-    module, name = header["class"].split(":")
-    if not module.startswith("taciturn."):
-        raise ValueError(f"refusing to build {header['class']}: partial aggregates come from taciturn")
-    return unpack(getattr(importlib.import_module(module), name), messages[0])
 
 
 def _work(conn: Connection, pipeline: ClientPipeline, vectorized: bool) -> None:
@@ -232,19 +198,9 @@ def _work(conn: Connection, pipeline: ClientPipeline, vectorized: bool) -> None:
             messages = [decode(conn.recv_bytes()) for _ in range(request["blobs"])]
             downlink = {int(c): None if i is None else messages[i] for c, i in request["downlink"].items()}
             pipeline.channel = Channel(Ledger(), pipeline.streams, drop[Direction.UP], drop[Direction.DOWN])
-            spec = {k: ArraySpec(tuple(s), np.dtype(d)) for k, (s, d) in request["spec"].items()}
+            spec = decode_spec(request["spec"])
             part = pipeline.serve(request["round"], request["clients"], downlink, spec, trainer)
-            partial, blobs = _encode_partial(part.accumulated)
-            header = {
-                "partial": partial,
-                "blobs": len(blobs),
-                "ledger": pipeline.channel.ledger.rows(),
-                "accepted": part.accepted,
-                "rejected": part.rejected,
-                "failed": part.failed,
-                "losses": part.losses,
-                "client_info": {str(c): info for c, info in part.client_info.items()},
-            }
+            header, blobs = encode_part(part, pipeline.channel.ledger.rows())
         except Exception:
             conn.send_bytes(json.dumps({"error": f"worker {os.getpid()}: {traceback.format_exc()}"}).encode())
             continue

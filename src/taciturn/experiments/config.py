@@ -323,16 +323,31 @@ _DEFAULT_TAGS = (
 
 
 class EngineConfig(StrictModel):
-    executor: Literal["auto", "sequential", "vectorized", "parallel", "parallel_vectorized"] = Field(
+    executor: Literal["auto", "sequential", "vectorized", "parallel", "parallel_vectorized", "ray"] = Field(
         "auto",
-        description="where clients run (parallel_vectorized: each worker process trains its share at once); "
-        "auto measures this machine (engine/choice.py)",
+        description="where clients run (parallel_vectorized: each worker process trains its share at once; "
+        "ray: actors on a Ray cluster); auto measures this machine (engine/choice.py)",
     )
-    workers: int = Field(0, ge=0, description="parallel workers (0: one per CPU core)")
+    workers: int = Field(
+        0, ge=0, description="parallel workers (0: one per CPU core) or Ray actors (0: as the cluster allows)"
+    )
+    ray_address: str | None = Field(
+        None, description="Ray cluster to join ('auto': the one on this machine); unset: start a local Ray"
+    )
+    ray_cpus_per_worker: float = Field(1.0, gt=0, description="CPUs each Ray worker actor reserves")
+    ray_gpus_per_worker: float = Field(0.0, ge=0, description="GPUs each Ray worker actor reserves")
     store: Literal["auto", "memory", "disk"] = Field(
         "auto", description="client state: auto = disk for parallel workers or 1,000+ stateful clients"
     )
     threads: int = Field(0, ge=0, description="PyTorch threads in the main process (0: PyTorch's default)")
+
+    @model_validator(mode="after")
+    def _ray_settings_need_ray(self) -> EngineConfig:
+        fields = type(self).model_fields
+        stray = [f for f in fields if f.startswith("ray_") and getattr(self, f) != fields[f].default]
+        if stray and self.executor != "ray":
+            raise ValueError(f"{', '.join(stray)} only apply to executor = 'ray' (it is '{self.executor}')")
+        return self
 
 
 class RunConfig(StrictModel):
@@ -406,10 +421,11 @@ class RunConfig(StrictModel):
             )
         if (self.model.kind == "causal_lm") != (self.data.dataset == "instructions"):
             raise ValueError("model.kind = 'causal_lm' and data.dataset = 'instructions' go together")
-        if self.analysis.enabled and self.engine.executor.startswith("parallel"):
+        if self.analysis.enabled and self.engine.executor.startswith(("parallel", "ray")):
             raise ValueError(
                 "[analysis] needs every client's update in this process; use engine.executor = "
-                "'sequential', 'vectorized' or 'auto' (parallel workers send back only their reduced share)"
+                "'sequential', 'vectorized' or 'auto' (parallel and Ray workers send back only their "
+                "reduced share)"
             )
         return self
 

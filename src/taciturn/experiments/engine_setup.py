@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -62,6 +63,8 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
         )
     if engine.executor == "auto" and config.attack.colluding:
         return choice.Choice("sequential", 0, "the simulated attackers read every honest update")
+    if engine.executor == "ray":
+        return choice.Choice("ray", engine.workers, "set in the config")
     if engine.executor != "auto":
         workers = engine.workers or choice.available_cores()
         return choice.Choice(
@@ -98,9 +101,12 @@ def build_store(
         stateful = algorithm.keeps_client_state
         parallel = picked.executor.startswith("parallel") or picked.challenger is not None
         wanted = "disk" if stateful and (parallel or num_clients >= DISK_STORE_CLIENTS) else "memory"
-    if wanted == "disk":
-        return DiskStateStore(Path(out) / "client_state.bin", num_clients)
-    return MemoryStateStore()
+    path = Path(out) / "client_state.bin" if wanted == "disk" else None
+    if picked.executor == "ray" and algorithm.keeps_client_state:
+        from taciturn.engine.ray_state import RayStateStore
+
+        return RayStateStore(None if path is None else path.resolve(), num_clients)
+    return MemoryStateStore() if path is None else DiskStateStore(path, num_clients)
 
 
 def build_federation(
@@ -128,6 +134,7 @@ def build_federation(
         attackers = pick_attackers(config.attack.fraction, data.num_clients, streams)
         poisoning = ModelPoisoning(config.attack, attackers, streams)
     # a deployed run's clients keep their state on their own nodes (deploy/node_state.py)
+    connected = picked is not None and picked.executor == "ray" and _connect_ray(config.engine.ray_address)
     store = (
         MemoryStateStore()
         if picked is None
@@ -152,10 +159,10 @@ def build_federation(
         executor = remote(pipeline)
         note = f"executor: {executor.name} (deployed); client state: on each node's disk"
     else:
-        executor = build_executor(picked.executor, picked.workers, pipeline)
+        executor = build_executor(picked.executor, picked.workers, pipeline, config, connected)
         if picked.challenger is not None:
             executor = TrialExecutor(
-                executor, build_executor(picked.challenger, picked.workers, pipeline), _work(config, data)
+                executor, build_executor(picked.challenger, picked.workers, pipeline, config), _work(config, data)
             )
         named = f"{picked.executor} or {picked.challenger}" if picked.challenger else picked.executor
         workers = f" with {picked.workers} workers" if picked.workers else ""
@@ -193,12 +200,22 @@ def server_chain(config: RunConfig, data: ClientData, noise_multiplier: float | 
     return build_chain(config.aggregation) if config.aggregation.per_client else None
 
 
-def build_executor(name: str, workers: int, pipeline: ClientPipeline) -> Executor:
+def build_executor(
+    name: str, workers: int, pipeline: ClientPipeline, config: RunConfig, connected: bool = False
+) -> Executor:
+    """``connected``: this run joined Ray, so its executor leaves it when closing."""
     if name.startswith("parallel"):
         try:
             return ParallelExecutor(pipeline, workers, vectorized=name.endswith("vectorized"))
         except ValueError as error:
             raise ConfigError(f"[engine] {error}") from None
+    if name == "ray":
+        from taciturn.engine.ray_executor import RayExecutor
+
+        engine = config.engine
+        return RayExecutor(
+            pipeline, workers, engine.ray_cpus_per_worker, engine.ray_gpus_per_worker, connected
+        )
     if name == "vectorized":
         return VectorizedExecutor(pipeline)
     return SequentialExecutor(pipeline)
@@ -211,3 +228,17 @@ def _work(config: RunConfig, data: ClientData):
     if local.steps:
         return lambda clients: float(local.steps * len(clients))
     return lambda clients: float(local.epochs * sum(data.client_size(c) for c in clients))
+
+
+def _connect_ray(address: str | None) -> bool:
+    """Join (or start) Ray before the client-state keeper is placed; True when this run connected."""
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError(
+            "engine.executor = 'ray' needs Ray, which is not installed: pip install 'taciturn[ray]'"
+        )
+    from taciturn.engine.ray_executor import connect
+
+    try:
+        return connect(address)
+    except ConnectionError as error:
+        raise ConfigError(f"[engine] cannot reach the Ray cluster at {address!r}: {error}") from None

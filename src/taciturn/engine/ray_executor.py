@@ -1,0 +1,257 @@
+"""The Ray executor: a round's clients spread over long-lived actors on a Ray cluster.
+
+It keeps the parallel executor's contract (engine/parallel.py), so an algorithm cannot tell them
+apart: one actor per worker slot, started at the first round and kept for the run; each round every
+actor trains a share of the clients (balanced by data size, ``parallel.balance``) with the same
+client pipeline as the sequential executor and reduces in place with ``algorithm.accumulate``; the
+driver merges one partial per actor with ``combine``. What Ray moves:
+
+* the client pipeline (data, task, algorithm), once, through the object store: every actor reads
+  it when it starts, so client data reaches a node once per run, not once per round;
+* each distinct downlink message (the broadcast), encoded once and put into the object store once
+  per round, whatever the number of actors or clients;
+* per actor per round, one JSON header and codec blobs back (engine/wire.py): no update is pickled.
+
+Client state lives with a keeper actor on the driver's node (engine/ray_state.py), staged by the
+workers and committed by the driver once a worker's result has arrived.
+
+Faults: when an actor dies mid-round (its process or its node), Ray raises ``RayActorError`` for its
+call; its clients are run again on the surviving actors in the same round. Every random draw comes
+from the run's seeded streams and nothing of the dead actor's work was committed, so the round
+ends with the numbers it would have had. The dead actor is not replaced; when none is left the run
+stops with ``ClusterLost`` and ``taciturn resume`` continues from the last checkpoint.
+
+Partial sums are added in another order than the sequential executor's, so results agree with it
+up to floating-point rounding (tests/test_ray_executor.py states the tolerance).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import traceback
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ray
+import torch
+
+from taciturn.core.channel import Channel
+from taciturn.core.codec import decode, encode
+from taciturn.core.errors import TaciturnError
+from taciturn.core.ledger import Direction, Ledger
+from taciturn.core.message import Message
+from taciturn.core.state_store import MemoryStateStore, decode_states, encode_states
+from taciturn.engine.executor import Executor, LoopTrainer
+from taciturn.engine.parallel import WorkerFailed, balance
+from taciturn.engine.pipeline import ClientPipeline, RoundPart, merge
+from taciturn.engine.ray_state import RayStateStore
+from taciturn.engine.wire import decode_part, decode_spec, encode_part, encode_spec
+
+log = logging.getLogger(__name__)
+
+
+class ClusterLost(TaciturnError):
+    """Every worker actor died: nothing is left to run the round on."""
+
+
+def connect(address: str | None) -> bool:
+    """Join the cluster at ``address`` ("auto": the one on this machine), or start a local Ray when
+    None; a process already connected keeps its connection. True when this call connected."""
+    if ray.is_initialized():
+        return False
+    ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+    return True
+
+
+class RayExecutor(Executor):
+    name = "ray"
+
+    def __init__(
+        self,
+        pipeline: ClientPipeline,
+        workers: int,
+        cpus_per_worker: float = 1.0,
+        gpus_per_worker: float = 0.0,
+        disconnect: bool = False,
+    ):
+        """``workers`` 0: as many as the cluster's CPUs (and GPUs) allow; ``disconnect``: leave Ray
+        when closing (this run connected to it)."""
+        super().__init__(pipeline)
+        if pipeline.algorithm.keeps_client_state and not isinstance(pipeline.store, RayStateStore):
+            raise ValueError(
+                f"{pipeline.algorithm.name} keeps client state, which Ray actors reach through a "
+                "RayStateStore (engine/ray_state.py)"
+            )
+        self.workers = workers
+        self.cpus, self.gpus = cpus_per_worker, gpus_per_worker
+        self.disconnect = disconnect
+        self._actors: list[Any] = []
+        self.nodes: list[str] = []  # the node id each live actor runs on
+
+    def _start(self) -> None:
+        """At the first round, so the actors get what init_server told the algorithm (as the parallel
+        executor forks then)."""
+        workers = self.workers or self._slots()
+        shipped = copy.copy(self.pipeline)  # every actor gets its own channel and a staging store
+        shipped.store = MemoryStateStore()
+        drop = self.pipeline.channel.drop
+        shipped.channel = Channel(Ledger(), self.pipeline.streams, drop[Direction.UP], drop[Direction.DOWN])
+        keeper = self.pipeline.store.keeper if isinstance(self.pipeline.store, RayStateStore) else None
+        setup = ray.put(shipped)
+        threads = max(1, int(self.cpus))
+        self._actors = [
+            Worker.options(num_cpus=self.cpus, num_gpus=self.gpus).remote(setup, keeper, threads)
+            for _ in range(workers)
+        ]
+        self.nodes = ray.get([actor.node.remote() for actor in self._actors])
+        log.info("ray: %d workers on %d nodes", workers, len(set(self.nodes)))
+
+    def _slots(self) -> int:
+        resources = ray.cluster_resources()
+        slots = int(resources.get("CPU", 0) // self.cpus) if self.cpus else 1
+        if self.gpus:
+            slots = min(slots, int(resources.get("GPU", 0) // self.gpus))
+        if slots < 1:
+            raise ClusterLost(
+                f"the Ray cluster ({resources.get('CPU', 0)} CPUs, {resources.get('GPU', 0)} GPUs) has no "
+                f"room for one worker of {self.cpus} CPUs and {self.gpus} GPUs "
+                "(engine.ray_cpus_per_worker, engine.ray_gpus_per_worker)"
+            )
+        return slots
+
+    def serve(self, round, clients, downlink, spec) -> RoundPart:
+        if not self._actors:
+            self._start()
+        distinct: list[Message] = []  # a broadcast is one Message object: put once per round
+        which: dict[int, int | None] = {}
+        for client in clients:
+            message = downlink.get(client)
+            index = next((i for i, m in enumerate(distinct) if m is message), None)
+            if message is not None and index is None:
+                distinct.append(message)
+                index = len(distinct) - 1
+            which[client] = None if message is None else index
+        refs = [ray.put(encode(message)) for message in distinct]
+        spec_json = encode_spec(spec)
+        parts: list[RoundPart] = []
+        pending = list(clients)
+        while pending:  # again, on the survivors, for the clients of actors that died
+            pending = self._run(round, pending, which, refs, spec_json, parts)
+        part = merge(self.pipeline, parts)
+        self.commit(round, clients)
+        order = {c: i for i, c in enumerate(clients)}
+        part.accepted.sort(key=order.__getitem__)
+        part.rejected.sort(key=lambda item: order[item[0]])
+        part.failed.sort(key=lambda item: order[item[0]])
+        return part
+
+    def _run(
+        self,
+        round: int,
+        clients: list[int],
+        which: Mapping[int, int | None],
+        refs: Sequence[ray.ObjectRef],
+        spec: dict[str, list],
+        parts: list[RoundPart],
+    ) -> list[int]:
+        """Serve ``clients`` on the live actors, adding their parts to ``parts``; return the clients
+        of actors that died."""
+        if not self._actors:
+            raise ClusterLost(
+                "every Ray worker actor died; bring the cluster's nodes back and run `taciturn resume` "
+                "on the run directory (it continues from the last checkpoint)"
+            )
+        shares = balance(clients, [self.pipeline.data.client_size(c) for c in clients], len(self._actors))
+        calls = []
+        for actor, share in zip(self._actors, shares, strict=True):
+            if share:
+                used = sorted({i for c in share if (i := which[c]) is not None})
+                request = {
+                    "round": round,
+                    "clients": share,
+                    "downlink": {str(c): None if which[c] is None else used.index(which[c]) for c in share},
+                    "spec": spec,
+                }
+                calls.append((actor, share, actor.serve.remote(request, *[refs[i] for i in used])))
+        lost: list[int] = []
+        for actor, share, call in calls:
+            try:
+                header, blobs = ray.get(call)
+            except ray.exceptions.RayActorError as error:
+                log.warning(
+                    "round %d: a Ray worker died (%s); its %d clients run again on the other workers",
+                    round,
+                    type(error).__name__,
+                    len(share),
+                )
+                index = self._actors.index(actor)
+                del self._actors[index], self.nodes[index]
+                lost += share
+                continue
+            if "error" in header:
+                raise WorkerFailed(header["error"])
+            for row in header["ledger"]:
+                self.pipeline.channel.ledger.add_row(row)
+            parts.append(decode_part(header, blobs))
+        return [c for c in clients if c in set(lost)]
+
+    def commit(self, round: int, accepted: Sequence[int]) -> None:
+        """The round's staged client states of ``accepted`` take effect; the others are dropped."""
+        if isinstance(self.pipeline.store, RayStateStore):
+            ray.get(self.pipeline.store.keeper.commit.remote(round, list(accepted)))
+
+    def close(self) -> None:
+        for actor in self._actors:
+            ray.kill(actor)
+        self._actors, self.nodes = [], []
+        if isinstance(self.pipeline.store, RayStateStore):
+            self.pipeline.store.close()
+        if self.disconnect and ray.is_initialized():
+            ray.shutdown()
+
+
+@ray.remote(max_restarts=0)
+class Worker:
+    """One worker slot: serves a share of each round's clients until the run ends."""
+
+    def __init__(self, pipeline: ClientPipeline, keeper: Any, threads: int):
+        torch.set_num_threads(threads)
+        logging.getLogger("taciturn").handlers.clear()  # the driver owns the run log
+        self.pipeline, self.keeper = pipeline, keeper
+        self.trainer = LoopTrainer()
+
+    def node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def serve(self, request: dict[str, Any], *blobs: bytes) -> tuple[dict[str, Any], list[bytes]]:
+        pipeline, round, clients = self.pipeline, request["round"], request["clients"]
+        try:
+            messages = [decode(blob) for blob in blobs]
+            downlink = {int(c): None if i is None else messages[i] for c, i in request["downlink"].items()}
+            drop = pipeline.channel.drop
+            pipeline.channel = Channel(Ledger(), pipeline.streams, drop[Direction.UP], drop[Direction.DOWN])
+            pipeline.store = _Staging(
+                decode_states(ray.get(self.keeper.get.remote(clients))) if self.keeper else {}
+            )
+            spec = decode_spec(request["spec"])
+            part = pipeline.serve(round, clients, downlink, spec, self.trainer)
+            if pipeline.store.staged:  # before the result: the driver commits what has arrived
+                ray.get(self.keeper.stage.remote(round, encode_states(pipeline.store.staged)))
+            return encode_part(part, pipeline.channel.ledger.rows())
+        except Exception:
+            return {"error": f"ray worker {os.getpid()} on node {self.node()}: {traceback.format_exc()}"}, []
+
+
+class _Staging(MemoryStateStore):
+    """A share's states as the keeper holds them; what the pipeline stores is staged for the keeper."""
+
+    def __init__(self, states: Mapping[int, Any]):
+        super().__init__()
+        self._states = dict(states)
+        self.staged: dict[int, Any] = {}
+
+    def put(self, client, state) -> None:
+        super().put(client, state)
+        self.staged[client] = state

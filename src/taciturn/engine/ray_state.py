@@ -1,0 +1,100 @@
+"""Client state on a Ray cluster: one keeper actor owns it, pinned to the driver's node.
+
+The design, and why. A client's state (SCAFFOLD's c_i, ADMM duals, Ferret's sync markers) must
+outlive the worker that trained the client: the Ray executor rebalances the round's clients over
+its workers every round (as the parallel executor does), and a worker, or its whole node, may die
+mid-round. So state is owned not by a worker but by a keeper actor, which wraps one of the ordinary
+stores (memory, or the disk store for many clients) and is placed with a hard node affinity on the
+node the driver runs on: it shares the driver's fate, not a worker node's, and its disk store and
+checkpoints are files on the driver's machine. (A per-worker disk store would be lost with its node
+and would pin each client to one worker; a state owner per worker would do both.)
+
+Writes are staged: a worker fetches its share's states in one call, trains, and sends the new
+states back (``stage``) before it returns its part of the round; they take effect only when the
+executor commits them (``commit``), after the worker's result has arrived. A worker that dies
+mid-round leaves nothing committed, so its clients can be run again from the same state. States
+cross between processes through the codec (core/state_store.py ``encode_states``), never pickled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from taciturn.core.disk_store import DiskStateStore
+from taciturn.core.state_store import (
+    ClientState,
+    ClientStateStore,
+    MemoryStateStore,
+    decode_states,
+    encode_states,
+)
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class Keeper:
+    """Owns every client's committed state, plus the states staged by this round's workers."""
+
+    def __init__(self, disk_path: str | None, num_clients: int):
+        self.store: ClientStateStore = (
+            DiskStateStore(Path(disk_path), num_clients) if disk_path else MemoryStateStore()
+        )
+        self.staged: dict[int, dict[int, ClientState]] = {}  # round -> client -> new state
+
+    def get(self, clients: Sequence[int]) -> bytes:
+        return encode_states({c: s for c in clients if (s := self.store.get(c)) is not None})
+
+    def stage(self, round: int, states: bytes) -> None:
+        self.staged.setdefault(round, {}).update(decode_states(states))
+
+    def commit(self, round: int, clients: Sequence[int]) -> None:
+        """Store the round's staged states of ``clients``; forget every other staged state."""
+        staged = self.staged.pop(round, {})
+        self.staged.clear()
+        for client in clients:
+            if client in staged:
+                self.store.put(client, staged[client])
+
+    def put(self, client: int, states: bytes) -> None:
+        self.store.put(client, decode_states(states)[client])
+
+    def clients(self) -> list[int]:
+        return list(self.store.clients())
+
+    def save(self, folder: str) -> None:
+        self.store.save(Path(folder))
+
+    def load(self, folder: str) -> None:
+        self.store.load(Path(folder))
+
+
+class RayStateStore(ClientStateStore):
+    """The driver's handle on the keeper: what the runner checkpoints and resumes. Checkpoints keep
+    the wrapped store's format, written by the keeper on the driver's machine."""
+
+    def __init__(self, disk_path: Path | None, num_clients: int):
+        here = ray.get_runtime_context().get_node_id()
+        self.keeper = Keeper.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False)
+        ).remote(None if disk_path is None else str(disk_path), num_clients)
+
+    def get(self, client: int) -> ClientState | None:
+        return decode_states(ray.get(self.keeper.get.remote([client]))).get(client)
+
+    def put(self, client: int, state: ClientState) -> None:
+        ray.get(self.keeper.put.remote(client, encode_states({client: state})))
+
+    def clients(self) -> Iterator[int]:
+        return iter(ray.get(self.keeper.clients.remote()))
+
+    def save(self, folder: Path) -> None:
+        ray.get(self.keeper.save.remote(str(Path(folder).resolve())))
+
+    def load(self, folder: Path) -> None:
+        ray.get(self.keeper.load.remote(str(Path(folder).resolve())))
+
+    def close(self) -> None:
+        ray.kill(self.keeper)

@@ -1,0 +1,185 @@
+"""The Ray executor on a real two-node Ray cluster on this machine (loopback only).
+
+One cluster for the module: a head node and a worker node with a custom resource of its own,
+each with one CPU, so the executor's two single-CPU actors land one on each node. Everything is
+stopped in the fixture's finaliser, and the whole module runs under an alarm.
+"""
+
+import os
+import signal
+import socket
+
+import pytest
+import torch
+
+from taciturn.core.rng import SERVER
+from taciturn.experiments.runner import prepare, resume, start
+from taciturn.report.rundir import RunDir
+from tests.conftest import tiny_config
+from tests.test_runner import Interrupt, metrics_without_time, stop_after
+
+ray = pytest.importorskip("ray")  # the [ray] extra; `make test` installs it
+from ray.cluster_utils import Cluster  # noqa: E402
+
+MODULE_LIMIT_S = 300  # the alarm: a hung cluster fails the module instead of hanging CI
+# Float32 partial sums added in another order than the sequential executor's (one per actor).
+TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _timeout(signum, frame):
+    raise TimeoutError(f"the Ray tests ran past {MODULE_LIMIT_S} s")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Head and worker node on 127.0.0.1 (Ray otherwise advertises the machine's routable address)."""
+    previous = signal.signal(signal.SIGALRM, _timeout)
+    signal.alarm(MODULE_LIMIT_S)
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # for the node processes Ray starts
+    ray._private.ray_constants.ENABLE_RAY_CLUSTER = False  # for this one: loopback addresses
+    temp = tmp_path_factory.mktemp("ray")
+    nodes = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 1,
+            "gcs_server_port": _free_port(),  # ports of its own: other Ray instances may run here
+            "dashboard_agent_listen_port": _free_port(),
+            "include_dashboard": False,
+            "temp_dir": str(temp),
+            "resources": {"taciturn_head": 1},
+        },
+    )
+    try:
+        nodes.add_node(num_cpus=1, resources={"taciturn_worker": 1}, dashboard_agent_listen_port=_free_port())
+        ray.init(address=nodes.address, logging_level="ERROR", log_to_driver=False)
+        yield nodes
+    finally:
+        ray.shutdown()
+        nodes.shutdown()
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def node_ids():
+    return {(n["Resources"].get("taciturn_worker") and "worker") or "head": n["NodeID"] for n in ray.nodes()}
+
+
+def config(cluster, algorithm, rounds=2, **overrides):
+    return tiny_config(
+        rounds=rounds,
+        engine={"executor": "ray", "ray_address": cluster.address},
+        algorithm={"fraction": 0.5, "local": {"epochs": 1, "batch_size": 16}, **algorithm},
+        **overrides,
+    )
+
+
+def run_rounds(exp, rounds):
+    state = exp.algorithm.init_server(exp.task.init_params(exp.streams.torch(0, SERVER, "init")), 8)
+    reports = []
+    for r in range(1, rounds + 1):
+        state, report = exp.federation.run_round(state, r)
+        reports.append(report)
+    return exp.algorithm.global_params(state), reports
+
+
+def sequential(tmp_path, cfg, rounds):
+    exp = prepare(
+        cfg.model_copy(update={"engine": type(cfg.engine)(executor="sequential")}), tmp_path / "seq"
+    )
+    params, reports = run_rounds(exp, rounds)
+    return params, reports, exp
+
+
+@pytest.mark.parametrize(
+    "algorithm",
+    [
+        {"name": "fedavg", "local": {"momentum": 0.9}},
+        {"name": "scaffold", "local": {"momentum": 0.5}},
+        {"name": "event_admm", "rho": 0.1, "delta": 0.05},
+    ],
+    ids=lambda a: a["name"],
+)
+def test_ray_agrees_with_sequential_on_two_nodes(cluster, tmp_path, algorithm):
+    cfg = config(cluster, algorithm)
+    reference, ref_reports, ref = sequential(tmp_path, cfg, 2)
+    exp = prepare(cfg, tmp_path / "ray")
+    executor = exp.federation.executor
+    try:
+        params, reports = run_rounds(exp, 2)
+        assert sorted(executor.nodes) == sorted(node_ids().values())  # one actor on each node
+        states = {c: exp.store.get(c) for c in ref.store.clients()}
+        assert sorted(exp.store.clients()) == sorted(ref.store.clients())
+    finally:
+        executor.close()
+    for name in reference:
+        torch.testing.assert_close(params[name], reference[name], **TOLERANCE)
+    for a, b in zip(ref_reports, reports, strict=True):
+        assert (a.selected, a.accepted, a.rejected, a.failed) == (
+            b.selected,
+            b.accepted,
+            b.rejected,
+            b.failed,
+        )
+        assert a.train_loss == pytest.approx(b.train_loss, rel=1e-12)  # per-client losses: same arithmetic
+    assert ref.ledger.rows() == exp.ledger.rows()  # same messages, same bytes
+    for client, state in states.items():  # client state went through the keeper and back
+        for key, value in ref.store.get(client).items():
+            torch.testing.assert_close(state[key], value, **TOLERANCE)
+
+
+def test_checkpoint_and_resume_on_ray_end_with_the_sequential_numbers(cluster, tmp_path):
+    """Event-based ADMM keeps duals and trigger memory per client: they go through the checkpoint."""
+    cfg = config(cluster, {"name": "event_admm", "rho": 0.1, "delta": 0.05}, rounds=4)
+    whole = start(
+        cfg.model_copy(update={"engine": type(cfg.engine)(executor="sequential")}),
+        tmp_path / "whole",
+        progress=False,
+    )
+    with pytest.raises(Interrupt):
+        start(cfg, tmp_path / "cut", progress=False, callbacks=(stop_after(3),))
+    assert RunDir(tmp_path / "cut").latest_checkpoint()[0] == 2
+    resumed = resume(tmp_path / "cut", progress=False)
+    assert resumed.ledger.read_text() == whole.ledger.read_text()
+    for row, expected in zip(metrics_without_time(resumed), metrics_without_time(whole), strict=True):
+        assert row.keys() == expected.keys()
+        for key, value in expected.items():  # floats to the tolerance, counts and None exactly
+            assert row[key] == (pytest.approx(value, rel=1e-5) if isinstance(value, float) else value)
+
+
+def test_a_worker_that_dies_mid_round_has_its_clients_run_on_the_survivor(cluster, tmp_path):
+    """The worker node's actor exits inside its first client's local training; the round's clients
+    all run on the head node's actor, and the run ends with the numbers it would have had."""
+    cfg = config(cluster, {"name": "scaffold"}, algorithm__fraction=1.0)
+    reference, ref_reports, ref = sequential(tmp_path, cfg, 2)
+    exp = prepare(cfg, tmp_path / "ray")
+    executor, pipeline = exp.federation.executor, exp.federation.executor.pipeline
+    worker_node, marker, loss = node_ids()["worker"], str(tmp_path / "died"), pipeline.loss
+
+    def dying_loss(*args, **kwargs):  # shipped to the actors by value (cloudpickle)
+        if ray.get_runtime_context().get_node_id() == worker_node and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(1)
+        return loss(*args, **kwargs)
+
+    pipeline.loss = dying_loss
+    try:
+        params, reports = run_rounds(exp, 2)
+        assert os.path.exists(marker)  # the worker node's actor did die
+        assert executor.nodes == [node_ids()["head"]]
+        states = {c: exp.store.get(c) for c in ref.store.clients()}
+    finally:
+        executor.close()
+    for name in reference:
+        torch.testing.assert_close(params[name], reference[name], **TOLERANCE)
+    for a, b in zip(ref_reports, reports, strict=True):
+        assert (a.selected, a.accepted, a.failed) == (b.selected, b.accepted, b.failed)
+    assert ref.ledger.rows() == exp.ledger.rows()  # the dead actor's messages are not counted twice
+    for client, state in states.items():
+        for key, value in ref.store.get(client).items():
+            torch.testing.assert_close(state[key], value, **TOLERANCE)
