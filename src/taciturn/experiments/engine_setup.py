@@ -161,9 +161,8 @@ def build_federation(
     else:
         executor = build_executor(picked.executor, picked.workers, pipeline, config, connected)
         if picked.challenger is not None:
-            executor = TrialExecutor(
-                executor, build_executor(picked.challenger, picked.workers, pipeline, config), _work(config, data)
-            )
+            challenger = build_executor(picked.challenger, picked.workers, pipeline, config)
+            executor = TrialExecutor(executor, challenger, _work(config, data))
         named = f"{picked.executor} or {picked.challenger}" if picked.challenger else picked.executor
         workers = f" with {picked.workers} workers" if picked.workers else ""
         note = f"executor: {named}{workers} ({picked.reason}); client state: {type(store).__name__}"
