@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from taciturn.core.device import place
+
 MetaValue = str | int | float | bool
 MAX_META_BYTES = 64 * 1024
 
@@ -52,9 +54,10 @@ class Message:
         return cls(arrays=arrays, meta=meta)
 
     def tensors(self, prefix: str = "") -> dict[str, torch.Tensor]:
-        """The arrays whose names start with ``prefix`` (prefix stripped), as torch tensors sharing memory."""
+        """The arrays whose names start with ``prefix`` (prefix stripped), as torch tensors on the run's
+        device (core/device.py; on the CPU they share memory with the arrays)."""
         return {
-            name[len(prefix) :]: torch.from_numpy(array)
+            name[len(prefix) :]: place(torch.from_numpy(array))
             for name, array in self.arrays.items()
             if name.startswith(prefix)
         }

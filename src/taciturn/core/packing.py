@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from taciturn.core.device import place
 from taciturn.core.message import Message
 
 T = TypeVar("T")
@@ -50,7 +51,7 @@ def unpack(cls: type[T], message: Message) -> T:
         if kind == "none":
             values[f.name] = None
         elif kind == "tensor":
-            values[f.name] = torch.from_numpy(message.arrays[f.name])
+            values[f.name] = place(torch.from_numpy(message.arrays[f.name]))
         elif kind == "array":
             values[f.name] = np.array(message.arrays[f.name])  # a writable copy
         elif kind == "dict":

@@ -51,13 +51,15 @@ class FederatedData(ClientSlices):
         return cls(dataset, np.concatenate([[0], np.cumsum(sizes)]), order)
 
     def batch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = torch.from_numpy(indices)  # index_select: about 3x quicker than x[idx] on a batch
+        idx = torch.from_numpy(indices).to(
+            self.dataset.x_train.device
+        )  # index_select: ~3x quicker than x[idx]
         return self.dataset.x_train.index_select(0, idx), self.dataset.y_train.index_select(0, idx)
 
     def histogram(self) -> np.ndarray:
         """(clients x classes) sample counts; one column of sizes when the targets are not classes."""
         if self.dataset.num_classes == 0:
             return np.diff(self.offsets)[:, None]
-        labels = self.dataset.y_train.numpy()
+        labels = self.dataset.y_train.cpu().numpy()
         parts = [self.client_indices(c) for c in range(self.num_clients)]
         return class_histogram(labels, parts, self.dataset.num_classes)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from taciturn.algorithms.base import Algorithm, ClientContext, LocalConfig, LocalTraining, TrainResult
+from taciturn.core import device
 from taciturn.core.params import Params
 
 
@@ -54,7 +55,8 @@ def train_locally(
         ]
     gradient_sum = [torch.zeros_like(p) for p in params] if work.track_gradient else None
     total_loss, steps = 0.0, 0
-    with torch.random.fork_rng(devices=[]):
+    on = device.current()
+    with torch.random.fork_rng(devices=[on.index or 0] if on.type == "cuda" else []):
         torch.manual_seed(ctx.streams.seed_for(ctx.round, ctx.client, "layers"))
         for indices in ctx.batch_indices(config):
             if ctx.buffers and len(indices) < 2:

@@ -340,6 +340,12 @@ class EngineConfig(StrictModel):
         "auto", description="client state: auto = disk for parallel workers or 1,000+ stateful clients"
     )
     threads: int = Field(0, ge=0, description="PyTorch threads in the main process (0: PyTorch's default)")
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$",
+        description="where the model, data and local steps live: auto (a GPU when there is one), cpu, cuda, "
+        "cuda:N, mps",
+    )
 
     @model_validator(mode="after")
     def _ray_settings_need_ray(self) -> EngineConfig:

@@ -13,6 +13,7 @@ import torch
 
 from taciturn.algorithms.base import Algorithm
 from taciturn.attacks.poisoning import ModelPoisoning, pick_attackers
+from taciturn.core import device
 from taciturn.core.channel import Channel
 from taciturn.core.disk_store import DiskStateStore
 from taciturn.core.rng import Streams
@@ -55,6 +56,18 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
         raise ConfigError(
             f"[engine.executor] '{engine.executor}' needs a task whose loss takes sample weights"
         )
+    on = device.current()
+    if on.type != "cpu":  # worker processes cannot share a GPU context; in-process executors use the device
+        if engine.executor.startswith("parallel"):
+            raise ConfigError(
+                f"[engine.executor] '{engine.executor}' runs CPU worker processes; on {on} use "
+                "'vectorized', 'sequential' or 'auto'"
+            )
+        if engine.executor == "auto":
+            picked = "vectorized" if weighted and not config.analysis.enabled else "sequential"
+            return choice.Choice(
+                picked, 0, f"on {on}: clients in this process, vectorized where the task allows"
+            )
     if engine.executor == "auto" and config.analysis.enabled:
         return choice.Choice("sequential", 0, "[analysis] reads every client's trained model")
     if engine.executor == "auto" and config.secagg.enabled:

@@ -6,6 +6,7 @@ partition, a model that does not fit the data) fails in ``prepare``, before the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -15,12 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 
 from taciturn.algorithms import Algorithm, build_algorithm
 from taciturn.attacks.label_flip import flip_labels
 from taciturn.attacks.poisoning import pick_attackers
 from taciturn.core.channel import Channel
+from taciturn.core.device import DeviceError, resolve, use
 from taciturn.core.ledger import Direction, Ledger
 from taciturn.core.rng import SERVER, Streams
 from taciturn.core.state_store import ClientStateStore
@@ -94,6 +97,7 @@ def build_task(
 ) -> tuple[Task, ClientData]:
     """The task (model, loss, evaluation) and the federated training data a config asks for;
     ``objects``: the model, data, loss and metrics given to ``taciturn.run`` as Python objects."""
+    device = _device(config)
     if config.model.kind == "causal_lm":
         from taciturn.experiments.language import build_language_task
 
@@ -115,6 +119,7 @@ def build_task(
         groups=dataset.groups,
         **part_options,
     )
+    dataset = on_device(dataset, device)
     data = FederatedData.from_parts(dataset, parts)
     loss = user_loss(config, objects)
     squared = config.loss == "mse"
@@ -133,7 +138,7 @@ def build_task(
             model = build_model(config.model.kind, dataset.input_shape, outputs, **model_options)
         except ValueError as error:
             raise ConfigError(f"[model] {error} (data {dataset.name}: input {dataset.input_shape})") from None
-    shape = check_fit(model, dataset, loss, outputs)
+    shape = check_fit(model.to(device), dataset, loss, outputs)
     try:
         if loss is None and not objects.metrics:
             task_class = squared_error.SquaredErrorTask if squared else ClassificationTask
@@ -154,6 +159,30 @@ def build_task(
     except ValueError as error:  # a model taciturn cannot federate (see tasks/classification.py)
         raise ConfigError(f"[model] {error}") from None
     return task, data
+
+
+def _device(config: RunConfig) -> torch.device:
+    """The run's device (engine.device), made the one decoded messages land on; it fails before work
+    when the machine does not have it."""
+    spec = config.engine.device
+    if config.model.kind == "causal_lm":  # the language-model task keeps its tensors on the CPU
+        if spec not in ("auto", "cpu"):
+            raise ConfigError(f"[engine.device] '{spec}': causal_lm runs use the CPU for now")
+        spec = "cpu"
+    try:
+        device = resolve(spec)
+    except DeviceError as error:
+        raise ConfigError(f"[engine.device] {error}") from None
+    use(device)
+    return device
+
+
+def on_device(dataset: ArrayDataset, device: torch.device) -> ArrayDataset:
+    """The dataset's tensors on ``device`` (partitions are computed before, on the host)."""
+    if dataset.x_train.device == device:
+        return dataset
+    moved = {k: getattr(dataset, k).to(device) for k in ("x_train", "y_train", "x_test", "y_test")}
+    return dataclasses.replace(dataset, **moved)
 
 
 def _hf_classifier(name_or_path: str) -> Any:

@@ -47,12 +47,15 @@ class ClassificationTask:
 
     def init_params(self, generator: torch.Generator) -> Params:
         """Fresh parameters with PyTorch's default initialisation, drawn from ``generator``."""
-        if self.reinit:
+        if self.reinit:  # drawn on the CPU, so that every device starts from the same weights
+            device = next(self.model.parameters()).device
+            self.model.cpu()
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(int(torch.randint(0, 2**62, (), generator=generator)))
                 for module in self.model.modules():
                     if module is not self.model and hasattr(module, "reset_parameters"):
                         module.reset_parameters()
+            self.model.to(device)
         params = {name: p.detach().clone() for name, p in self.model.named_parameters()}
         return params | {
             name: b.detach().clone() for name, b in self.model.named_buffers() if name in self.buffers
