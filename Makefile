@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install data demo test lint clean
+.PHONY: install data demo test soak lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ demo: data
 
 test: data
 	$(BIN)/python -m pytest
+
+# the fuzz suite (tests/test_fuzz.py) with 50 times the examples `make test` runs
+soak: data
+	TACITURN_FUZZ_SCALE=50 $(BIN)/python -m pytest -m fuzz
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -217,8 +217,8 @@ def kernel_floor(config: RunConfig, rundir: RunDir) -> dict[str, float]:
     fed_lin = linearized_fedavg(theta, f0, y, clients, local.lr, local.steps, config.rounds)[-1]
     cen_lin = linearized_fedavg(theta, f0, y, [list(range(len(x)))], local.lr, local.steps, config.rounds)[-1]
     folder = rundir.checkpoint_dir(config.rounds)
-    state, _ = checkpoint.load(folder, FedAvgState, MemoryStateStore())
-    twin = checkpoint.load_extra(folder, "analysis", TwinState)
+    state, _ = checkpoint.load(folder, FedAvgState(params0), MemoryStateStore())
+    twin = checkpoint.load_extra(folder, "analysis", TwinState(params0, None))
     fed, cen = outputs(model, state.params, x).double(), outputs(model, twin.params, x).double()
     return {
         "output_rmse_at_end": rmse(fed, cen),

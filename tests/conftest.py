@@ -1,8 +1,21 @@
+import os
+
 import numpy as np
 import pytest
 import torch
+from hypothesis import settings
 
 from taciturn.experiments.config import RunConfig, validate
+
+# Property tests are derandomised: the same examples on every run of `make test` (a failure
+# reproduces); `make soak` (TACITURN_FUZZ_SCALE) multiplies the fuzz suite's examples.
+settings.register_profile("taciturn", derandomize=True, deadline=None)
+settings.load_profile("taciturn")
+FUZZ_SCALE = int(os.environ.get("TACITURN_FUZZ_SCALE", "1"))
+
+
+def fuzz_examples(n: int) -> int:
+    return n * FUZZ_SCALE
 
 
 def tiny_config(**overrides) -> RunConfig:

@@ -8,7 +8,7 @@ from torch import nn
 
 import taciturn
 from taciturn.experiments.config import ConfigError
-from taciturn.report.rundir import RunDir
+from taciturn.report.rundir import RunDir, RunDirError
 from tests.test_runner import Interrupt, metrics_without_time, stop_after
 
 
@@ -184,7 +184,7 @@ def test_export_writes_a_state_dict_the_users_class_loads(tmp_path):
     fresh.load_state_dict(load_file(str(path)))  # strict: exactly the module's own names
     for name, p in result.model.state_dict().items():
         assert torch.equal(fresh.state_dict()[name], p)
-    with pytest.raises(FileExistsError):
+    with pytest.raises(RunDirError, match="exists"):
         taciturn.export(result.dir, path)
     earlier = taciturn.export(result.dir, tmp_path / "r2.safetensors", round=2)
     assert not torch.equal(load_file(str(earlier))["weight"], load_file(str(path))["weight"])

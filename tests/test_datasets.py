@@ -55,10 +55,9 @@ def test_nothing_found_lists_what_was_tried(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("TACITURN_DATA", raising=False)
     with pytest.raises(DatasetNotFound) as info:
-        fashion_mnist.load(tmp_path / "nowhere")
+        fashion_mnist.load(None)
     text = str(info.value)
     for expected in (
-        "given path",
         "download cache",
         "Debian",
         "TACITURN_OFFLINE",
@@ -66,6 +65,27 @@ def test_nothing_found_lists_what_was_tried(tmp_path, monkeypatch):
         "taciturn data fetch",
     ):
         assert expected in text
+
+
+def test_a_given_path_that_fails_is_an_error_never_a_fallback(tmp_path, monkeypatch):
+    """A truncated copy at data.path: a clear error naming it (Debian's good copy is not used)."""
+    for name in fashion_mnist.FILES:
+        (tmp_path / name).write_bytes(gzip.compress(np.random.default_rng(0).bytes(5000))[:2500])
+    with pytest.raises(DatasetNotFound, match=r"given path .*truncated or not a gzip file"):
+        fashion_mnist.load(tmp_path)
+    with pytest.raises(DatasetNotFound, match="given path"):
+        fashion_mnist.load(tmp_path / "missing")
+
+
+@needs_debian
+def test_an_edited_decoded_cache_is_not_trusted(tmp_path, monkeypatch):
+    """The .npy cache with its labels rewritten to 0 once trained a run on garbage (accuracy 1.0)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    fashion_mnist.load(DEBIAN)
+    (cached,) = (tmp_path / "taciturn" / "fashion-mnist" / "decoded").glob("*/train-labels-idx1-ubyte.gz.npy")
+    np.save(cached, np.zeros(60000, np.uint8))
+    data = fashion_mnist.load(DEBIAN)
+    assert np.bincount(data.y_train.numpy()).tolist() == [6000] * 10
 
 
 def test_digits_and_synthetic_are_seeded(rng):

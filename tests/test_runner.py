@@ -66,7 +66,7 @@ def test_resume_keeps_client_state(tmp_path):
     store.put(1, {"c": torch.ones(3)})
     checkpoint.save(tmp_path / "ck", FedAvgState({"w": torch.zeros(2)}), store, {"round": 5})
     back = MemoryStateStore()
-    state, progress = checkpoint.load(tmp_path / "ck", FedAvgState, back)
+    state, progress = checkpoint.load(tmp_path / "ck", FedAvgState({"w": torch.ones(2)}), back)
     assert progress == {"round": 5} and torch.equal(back.get(1)["c"], torch.ones(3))
     assert torch.equal(state.params["w"], torch.zeros(2))
 
@@ -110,7 +110,10 @@ def write(tmp_path, text):
     [
         ("rounds = 3\n[algorithm.local]\nlrr = 0.1\n", "unknown key 'lrr': did you mean 'lr'?"),
         ("[algorithm.local]\nlr = -0.1\n", "[algorithm.local.lr] Input should be greater than 0"),
-        ('[data]\ndataset = "fashion_mnist"\npath = "/nonexistent"\n', "Fashion-MNIST was not found"),
+        (
+            '[data]\ndataset = "fashion_mnist"\npath = "/nonexistent"\n',
+            "not usable at the given path /nonexistent",
+        ),
         ('[data]\ndataset = "cifar"\n', "[data.dataset] unknown value 'cifar'"),
         ("rounds = [\n", "is not valid TOML"),
     ],

@@ -47,8 +47,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Run FedAvg and event-based ADMM on the demo workload and compare them in one report."""
     from taciturn.experiments import types
     from taciturn.report.html import write_comparison
+    from taciturn.report.rundir import check_comparison_folder
 
     out = Path(args.out or "runs/demo")
+    check_comparison_folder(out)  # before any work: the demo writes its comparison there
     rundirs = []
     for name in DEMO_CONFIGS:
         config = types.load(_demo_config(name), args.set or [])
@@ -105,11 +107,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_data(args: argparse.Namespace) -> int:
     from taciturn.data import fashion_mnist
+    from taciturn.data.datasets import DatasetNotFound
 
     if args.action == "fetch":  # use a verified copy if there is one, else download into the cache
         try:
             _, source = fashion_mnist.locate(Path(args.path) if args.path else None, allow_download=False)
-        except FileNotFoundError:
+        except DatasetNotFound:
             source = f"downloaded into {fashion_mnist.download(Path(args.path) if args.path else None)}"
         console.print(f"Fashion-MNIST ready ({source})")
         return 0
@@ -119,8 +122,8 @@ def cmd_data(args: argparse.Namespace) -> int:
     try:
         _, source = fashion_mnist.locate(Path(args.path) if args.path else None, allow_download=False)
         table.add_row("fashion_mnist", "[green]available[/]", source)
-    except FileNotFoundError as error:
-        table.add_row("fashion_mnist", "[red]missing[/]", str(error))
+    except DatasetNotFound as error:
+        table.add_row("fashion_mnist", "[red]missing[/]", escape(str(error)))
     table.add_row("digits", "[green]available[/]", "bundled with scikit-learn")
     table.add_row("synthetic", "[green]available[/]", "generated from the run seed")
     Console().print(table)
@@ -153,10 +156,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 def _existing_run(path: str):
     from taciturn.report.rundir import RunDir
 
-    rundir = RunDir(path)
-    if not rundir.exists():
-        raise FileNotFoundError(f"{path} is not a run directory (no config.toml)")
-    return rundir
+    return RunDir(path).require()
 
 
 def _print_summary(rundir) -> None:
@@ -277,10 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from taciturn.data.datasets import DatasetNotFound
-    from taciturn.data.partition import PartitionError
-    from taciturn.deploy.settings import DeployError
-    from taciturn.experiments.config import ConfigError
+    from taciturn.core.errors import TaciturnError
 
     args = build_parser().parse_args(argv)
     from rich.logging import RichHandler
@@ -289,19 +286,20 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[handler])
     try:
         return args.func(args)
-    except (
-        ConfigError,
-        DatasetNotFound,
-        DeployError,
-        PartitionError,
-        FileExistsError,
-        FileNotFoundError,
-    ) as error:
-        console.print(f"[bold red]error[/]: {escape(str(error))}", highlight=False, soft_wrap=True)
+    except TaciturnError as error:  # bad input, explained by the layer that found it
+        _print_error(str(error))
+        return EXIT_USAGE
+    except OSError as error:  # a file the user named cannot be read or written
+        where = f": {error.filename}" if error.filename else ""
+        _print_error(f"{error.strerror or error}{where}")
         return EXIT_USAGE
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: continue with `taciturn resume <run dir>`")
         return 130
+
+
+def _print_error(message: str) -> None:
+    console.print(f"[bold red]error[/]: {escape(message)}", highlight=False, soft_wrap=True)
 
 
 if __name__ == "__main__":

@@ -23,14 +23,16 @@ An algorithm never knows where clients run; executors never know an algorithm's 
 from __future__ import annotations
 
 import math
+import types
+import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple
+from typing import Annotated, Any, ClassVar, NamedTuple, Union
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from taciturn.core.message import Message
 from taciturn.core.params import Params, sub
@@ -43,21 +45,63 @@ Loss = Callable[[Params, Any], torch.Tensor]
 Consts = dict[str, Any]  # a pytree of tensors
 
 
+MAX_LR = 1e6  # larger learning rates or decays are typos (1e308 passes as finite, then overflows)
+
+
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Config tables: unknown keys rejected, every float finite (inf and NaN refused), and numbers
+    must be numbers: a string ("10") or a boolean (true) where an integer or float goes is an error,
+    not coerced. (pydantic's own strict mode would also refuse TOML arrays for tuples.)"""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, tree: Any) -> Any:
+        if isinstance(tree, dict):
+            for name, f in cls.model_fields.items():
+                value = tree.get(name)
+                if _numeric(f.annotation, False):
+                    items = [value]
+                elif isinstance(value, list | tuple) and _numeric(f.annotation, True):
+                    items = value
+                else:
+                    continue
+                for item in items:
+                    if isinstance(item, bool | str):
+                        raise ValueError(f"{name} must be a number, not {type(item).__name__} {item!r}")
+        return tree
+
+
+def _numeric(annotation: Any, in_tuple: bool) -> bool:
+    """Whether a field holds only numbers (``in_tuple``: a tuple of only numbers), None aside."""
+    while typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    origin = typing.get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return bool(args) and all(_numeric(a, in_tuple) for a in args)
+    if in_tuple:
+        args = typing.get_args(annotation)
+        return origin is tuple and bool(args) and all(_numeric(a, False) for a in args if a is not Ellipsis)
+    return annotation in (int, float)
 
 
 class LocalConfig(StrictModel):
     """How a client trains locally: a schedule of minibatches and an SGD optimizer."""
 
-    epochs: int = Field(1, ge=1, description="passes over the local data (ignored when steps is set)")
-    steps: int | None = Field(None, ge=1, description="exact number of minibatch steps, overriding epochs")
+    epochs: int = Field(
+        1, ge=1, le=100_000, description="passes over the local data (ignored when steps is set)"
+    )
+    steps: int | None = Field(
+        None, ge=1, le=10_000_000, description="exact number of minibatch steps, overriding epochs"
+    )
     batch_size: int = Field(
         32, ge=1, description="minibatch size; a value >= the client's data is full-batch"
     )
-    lr: float = Field(0.05, gt=0, description="local learning rate")
+    lr: float = Field(0.05, gt=0, le=MAX_LR, description="local learning rate")
     momentum: float = Field(0.0, ge=0, lt=1, description="heavy-ball momentum (PyTorch SGD semantics)")
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, le=MAX_LR)
     clip_norm: float | None = Field(None, gt=0, description="clip each gradient to this global L2 norm")
 
 

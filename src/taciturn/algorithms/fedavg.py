@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import Field
 
 from taciturn.algorithms.base import (
+    MAX_LR,
     Algorithm,
     AlgorithmConfig,
     ArraySpec,
@@ -36,7 +37,9 @@ from taciturn.core.params import Params, add, clone, weighted_sum
 
 class FedAvgConfig(AlgorithmConfig):
     name: Literal["fedavg"] = "fedavg"
-    server_lr: float = Field(1.0, gt=0, description="server step on the averaged delta (1 = plain FedAvg)")
+    server_lr: float = Field(
+        1.0, gt=0, le=MAX_LR, description="server step on the averaged delta (1 = plain FedAvg)"
+    )
 
 
 @dataclass

@@ -59,6 +59,7 @@ import torch
 from pydantic import Field
 
 from taciturn.algorithms.base import (
+    MAX_LR,
     Algorithm,
     AlgorithmConfig,
     ArraySpec,
@@ -92,7 +93,7 @@ class FerretConfig(AlgorithmConfig):
     max_bases_per_block: int = Field(
         16, ge=2, description="K: the block with the largest update gets K bases, every block at least 2"
     )
-    server_lr: float = Field(1.0, gt=0, description="eta_g, the global aggregation learning rate")
+    server_lr: float = Field(1.0, gt=0, le=MAX_LR, description="eta_g, the global aggregation learning rate")
     basis: BasisKind = Field(
         "uniform",
         description="element distribution of the bases on [-1/sqrt(d), 1/sqrt(d)]: uniform (cheapest) "

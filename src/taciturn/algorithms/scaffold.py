@@ -43,6 +43,7 @@ import torch
 from pydantic import Field
 
 from taciturn.algorithms.base import (
+    MAX_LR,
     Algorithm,
     AlgorithmConfig,
     ArraySpec,
@@ -76,7 +77,7 @@ FULL_GRADIENT_BATCH = 1000
 class ScaffoldConfig(AlgorithmConfig):
     name: Literal["scaffold"] = "scaffold"
     option: Literal["I", "II"] = Field("II", description="control-variate update (Alg. 1, line 12)")
-    server_lr: float = Field(1.0, gt=0, description="eta_g")
+    server_lr: float = Field(1.0, gt=0, le=MAX_LR, description="eta_g")
     weighting: Literal["uniform", "samples"] = Field(
         "samples",
         description="p_i = 1/N (the paper) or n_i/n (FedAvg's sample weights) for both x and c",

@@ -23,12 +23,13 @@ from pathlib import Path
 import numpy as np
 
 from taciturn.bandits.environments import Environment
+from taciturn.data.datasets import DatasetNotFound
 
 RATING_RANGE = (0.5, 5.0)  # MovieLens' star scale
 MOVIELENS_FILES = ("ratings.csv", "movies.csv")
 
 
-class RatingsNotFound(FileNotFoundError):
+class RatingsNotFound(DatasetNotFound):
     """MovieLens files are missing where the config says they are."""
 
 

@@ -18,6 +18,10 @@ from taciturn.core.message import MAX_META_BYTES, Message
 
 _META_KEY = "taciturn"
 _SUPPORTED_KINDS = "biuf"  # bool, signed int, unsigned int, float
+# The safetensors dtypes those kinds encode to: decode accepts exactly what encode writes.
+_WIRE_DTYPES = {"BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64", "F16", "F32", "F64"}
+# Each array's header entry is well under 1 KiB; the cap bounds what a hostile header can make us parse.
+MAX_HEADER_BYTES = MAX_META_BYTES + 1024 * 1024 * 64
 
 
 class CodecError(TaciturnError, ValueError):
@@ -46,19 +50,39 @@ def encode(message: Message) -> bytes:
 
 
 def decode(data: bytes) -> Message:
+    """The message in ``data``, or a CodecError saying what is wrong with the bytes."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise CodecError(f"a message is bytes, got {type(data).__name__}")
     if len(data) < 8:
         raise CodecError(f"a message is at least 8 bytes (the header length), got {len(data)}")
     (header_len,) = struct.unpack("<Q", data[:8])
     if header_len > len(data) - 8:
         raise CodecError(f"header length {header_len} exceeds the {len(data) - 8} bytes that follow")
+    if header_len > MAX_HEADER_BYTES:
+        raise CodecError(f"header of {header_len} bytes is over the {MAX_HEADER_BYTES}-byte limit")
     try:
-        header = json.loads(data[8 : 8 + header_len])
-        meta = json.loads(header.get("__metadata__", {}).get(_META_KEY, "{}"))
+        header = json.loads(bytes(data[8 : 8 + header_len]))
+    except ValueError as error:
+        raise CodecError(f"cannot decode message: the header is not JSON ({error})") from None
+    if not isinstance(header, dict):
+        raise CodecError("cannot decode message: the header is not a JSON object")
+    meta_text = header.get("__metadata__", {})
+    meta_text = meta_text.get(_META_KEY, "{}") if isinstance(meta_text, dict) else None
+    if not isinstance(meta_text, str):
+        raise CodecError("cannot decode message: __metadata__ must map to strings")
+    if len(meta_text) > MAX_META_BYTES:
+        raise CodecError(f"message metadata is {len(meta_text)} bytes, over the {MAX_META_BYTES}-byte limit")
+    for name, entry in header.items():
+        dtype = entry.get("dtype") if isinstance(entry, dict) and name != "__metadata__" else "BOOL"
+        if dtype not in _WIRE_DTYPES:
+            raise CodecError(
+                f"array {name!r} has dtype {dtype!r}; a message holds only {sorted(_WIRE_DTYPES)}"
+            )
+    try:
+        meta = json.loads(meta_text)
         arrays = safetensors.numpy.load(bytes(data))
-    except Exception as error:  # any parse failure means the bytes are not a message
-        raise CodecError(f"cannot decode message: {error}") from error
-    if not isinstance(meta, dict):
-        raise CodecError("message metadata must be a JSON object")
-    # safetensors returns the arrays in hash order, which changes from process to process; a
-    # fixed order keeps everything that walks a message (norms, flattening, grouping) reproducible.
-    return Message(arrays={name: arrays[name] for name in sorted(arrays)}, meta=meta)
+        # safetensors returns the arrays in hash order, which changes from process to process; a
+        # fixed order keeps everything that walks a message (norms, flattening, grouping) reproducible.
+        return Message(arrays={name: arrays[name] for name in sorted(arrays)}, meta=meta)
+    except Exception as error:  # any parse or validation failure means the bytes are not a message
+        raise CodecError(f"cannot decode message: {error}") from None

@@ -1,14 +1,17 @@
 """Fashion-MNIST (Xiao et al. 2017): 60,000 train and 10,000 test 28x28 grey images, 10 classes.
 
 Sources, tried in order (the first that has all four IDX files wins):
-  1. an explicit path (config ``data.path`` or ``taciturn data --path``);
+  1. an explicit path (config ``data.path`` or ``taciturn data --path``): if given, the only one
+     tried, so a wrong or damaged copy is an error, never a silent fallback to another copy;
   2. ``$TACITURN_DATA`` (the folder itself or its ``fashion-mnist`` subfolder);
   3. the download cache, ``$XDG_CACHE_HOME/taciturn/fashion-mnist``;
   4. Debian's ``dataset-fashion-mnist`` package, ``/usr/share/datasets/fashion-mnist``;
   5. a download of the official files into the cache (skipped when ``TACITURN_OFFLINE=1``).
 Every file is checked against the SHA-256 of its *decompressed* IDX content, which is the same
 for the official gzip files and Debian's re-compressed copies (Debian strips the gzip name and
-timestamp, so the compressed bytes differ while the data does not).
+timestamp, so the compressed bytes differ while the data does not). The decoded arrays are cached
+as .npy and checked against the same digests each time they are read (the IDX header rebuilt in
+front of the array's bytes), so an edited cache is decoded again, never trusted.
 """
 
 from __future__ import annotations
@@ -21,13 +24,14 @@ import shutil
 import struct
 import tempfile
 import urllib.request
+import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from taciturn.core.paths import cache_root
-from taciturn.data.datasets import ArrayDataset, DatasetNotFound
+from taciturn.data.datasets import ArrayDataset, DataError, DatasetNotFound
 
 # SHA-256 of the decompressed IDX files.
 FILES = {
@@ -47,10 +51,10 @@ def cache_dir() -> Path:
 
 
 def candidate_dirs(path: Path | None = None) -> list[tuple[str, Path]]:
-    """(label, folder) pairs in the order they are tried."""
-    found: list[tuple[str, Path]] = []
+    """(label, folder) pairs in the order they are tried (only the given path, if there is one)."""
     if path is not None:
-        found.append(("given path", Path(path)))
+        return [("given path", Path(path))]
+    found: list[tuple[str, Path]] = []
     if env := os.environ.get("TACITURN_DATA"):
         found += [("$TACITURN_DATA", Path(env)), ("$TACITURN_DATA", Path(env) / "fashion-mnist")]
     found += [("download cache", cache_dir()), ("Debian dataset-fashion-mnist", DEBIAN_DIR)]
@@ -58,11 +62,29 @@ def candidate_dirs(path: Path | None = None) -> list[tuple[str, Path]]:
 
 
 def _read_verified(file: Path) -> bytes:
-    raw = gzip.decompress(file.read_bytes())
+    try:
+        raw = gzip.decompress(file.read_bytes())
+    except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+        raise DataError(f"{file} is truncated or not a gzip file ({error}); download it again") from None
     digest = hashlib.sha256(raw).hexdigest()
     if digest != FILES[file.name]:
-        raise ValueError(f"{file} has SHA-256 {digest} after decompression, expected {FILES[file.name]}")
+        raise DataError(f"{file} has SHA-256 {digest} after decompression, expected {FILES[file.name]}")
     return raw
+
+
+def _idx_header(array: np.ndarray) -> bytes:
+    """The IDX header of a uint8 array (images: magic 2051 and three sizes; labels: 2049 and one)."""
+    return struct.pack(">I" + "I" * array.ndim, 2051 if array.ndim == 3 else 2049, *array.shape)
+
+
+def _cached(cache: Path, name: str) -> np.ndarray:
+    """A decoded array from the cache, if it is exactly what the verified file decodes to."""
+    array = np.load(cache / f"{name}.npy", allow_pickle=False)
+    if array.dtype != np.uint8 or array.ndim not in (1, 3):
+        raise ValueError(f"cached {name} is not a uint8 IDX array")
+    if hashlib.sha256(_idx_header(array) + array.tobytes()).hexdigest() != FILES[name]:
+        raise ValueError(f"cached {name} does not match its SHA-256")
+    return array
 
 
 def _parse_idx(raw: bytes, images: bool) -> np.ndarray:
@@ -80,8 +102,8 @@ def _parse_idx(raw: bytes, images: bool) -> np.ndarray:
 def _load_dir(folder: Path) -> dict[str, np.ndarray]:
     """The four files of ``folder`` as verified uint8 arrays.
 
-    Decompressing and hashing 30 MB costs about a second, so the decoded arrays are cached
-    (as .npy, no pickle) and reused while the source files keep their size and mtime.
+    Decompressing 30 MB costs about a second, so the decoded arrays are cached (as .npy, no
+    pickle) and reused while the source files keep their size and mtime and the arrays their digest.
     """
     missing = [name for name in FILES if not (folder / name).is_file()]
     if missing:
@@ -90,9 +112,9 @@ def _load_dir(folder: Path) -> dict[str, np.ndarray]:
     cache = cache_dir() / "decoded" / hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]
     try:
         if json.loads((cache / "stamp.json").read_text()) == stamp:
-            return {name: np.load(cache / f"{name}.npy", allow_pickle=False) for name in FILES}
+            return {name: _cached(cache, name) for name in FILES}
     except (OSError, ValueError):
-        pass  # no cache yet, or a broken one: decode from the source
+        pass  # no cache yet, or a broken or edited one: decode from the source
     arrays = {name: _parse_idx(_read_verified(folder / name), images="images" in name) for name in FILES}
     try:
         cache.mkdir(parents=True, exist_ok=True)
@@ -135,6 +157,11 @@ def locate(path: Path | None = None, allow_download: bool | None = None) -> tupl
             return _load_dir(folder), f"{label}: {folder}"
         except (OSError, ValueError) as error:
             tried.append(f"{label} {folder}: {error}")
+    if path is not None:
+        raise DatasetNotFound(
+            f"Fashion-MNIST is not usable at the given path {path}: {tried[0].split(': ', 1)[1]}. "
+            "Fix that folder (the four IDX .gz files), or leave data.path unset to use the usual sources."
+        )
     if allow_download is None:
         allow_download = os.environ.get("TACITURN_OFFLINE", "") in ("", "0")
     if allow_download:

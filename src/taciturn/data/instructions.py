@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from taciturn.data.datasets import DatasetNotFound
+
 # Alpaca's prompt sections (Taori et al. 2023), as the FedKSeed/Ferret data loaders use them,
 # without the one-sentence preamble (it adds ~40 tokens to every example and nothing to learn).
 PROMPT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
@@ -286,7 +288,7 @@ def natural_instructions(path: Path, per_task: int, rng: np.random.Generator) ->
     """
     files = sorted(Path(path).glob("task*.json"))
     if not files:
-        raise FileNotFoundError(
+        raise DatasetNotFound(
             f"no task*.json files in {path}: point data.path at the 'tasks' folder of natural-instructions"
         )
     examples = []
@@ -306,7 +308,7 @@ def dolly(path: Path) -> list[Example]:
     """databricks-dolly-15k.jsonl: instruction, context, response, category (task = category)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: point data.path at databricks-dolly-15k.jsonl")
+        raise DatasetNotFound(f"{path} does not exist: point data.path at databricks-dolly-15k.jsonl")
     examples = []
     for line in path.read_text().splitlines():
         if line.strip():

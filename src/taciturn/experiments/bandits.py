@@ -15,8 +15,6 @@ import csv
 import dataclasses
 import json
 import logging
-import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,9 +38,10 @@ from taciturn.bandits.exchange import FIELDS, Exchange
 from taciturn.bandits.linucb import Confidence
 from taciturn.bandits.rules import Bass, Club, DynUcb, Independent, Oracle, Pooled, Sclub, SharingRule
 from taciturn.bandits.simulation import Problem, Simulation
-from taciturn.core.codec import decode, encode
+from taciturn.core.codec import encode
 from taciturn.core.message import Message
 from taciturn.core.rng import SERVER, Streams
+from taciturn.experiments import checkpoint
 from taciturn.experiments.bandits_config import BanditsConfig, RatingsEnvironment, UnclusteredEnvironment
 from taciturn.experiments.config import ConfigError, read_tree, to_toml, validate
 from taciturn.report.bandits import summary_rows
@@ -124,36 +123,49 @@ def start(
     callbacks: tuple[RecordCallback, ...] = (),
 ) -> RunDir:
     rundir = RunDir(out)
-    rundir.check_free(overwrite)
-    try:
-        simulations = build(config)  # everything that can fail on the config or the data fails here
-    except (ratings.RatingsNotFound, ValueError) as error:
-        raise ConfigError(f"[environment] {error}") from None
-    rundir.reset(to_toml(config))
-    with rundir.ledger.open("w", newline="") as f:
-        csv.writer(f).writerow(LEDGER_COLUMNS)
-    wall = dict.fromkeys(simulations, 0.0)
-    _write_records(rundir, 0, simulations, wall)
-    return _loop(config, rundir, simulations, 0, wall, progress, callbacks)
+    with rundir.lock():
+        rundir.check_free(overwrite)
+        try:
+            simulations = build(config)  # everything that can fail on the config or the data fails here
+        except (ratings.RatingsNotFound, ValueError) as error:
+            raise ConfigError(f"[environment] {error}") from None
+        rundir.reset(to_toml(config))
+        with rundir.ledger.open("w", newline="") as f:
+            csv.writer(f).writerow(LEDGER_COLUMNS)
+        wall = dict.fromkeys(simulations, 0.0)
+        _write_records(rundir, 0, simulations, wall)
+        return _loop(config, rundir, simulations, 0, wall, progress, callbacks)
 
 
 def resume(path: Path, progress: bool = True, callbacks: tuple[RecordCallback, ...] = ()) -> RunDir:
     """Continue from the last checkpoint; the run ends with the numbers of an uninterrupted one."""
-    rundir = RunDir(path)
-    if not rundir.exists():
-        raise FileNotFoundError(f"{path} is not a run directory (no config.toml)")
-    config = load_config(rundir.config)
-    latest = rundir.latest_checkpoint()
-    if latest is None:
-        return start(config, path, overwrite=True, progress=progress, callbacks=callbacks)
-    done, folder = latest
-    rundir.truncate_after(done)
-    simulations = build(config)
-    state = decode((folder / "state.safetensors").read_bytes()).arrays
-    for name, simulation in simulations.items():
-        simulation.load({k.split("/", 1)[1]: v for k, v in state.items() if k.split("/", 1)[0] == name})
-    wall = json.loads((folder / "progress.json").read_text())["wall_s"]
-    return _loop(config, rundir, simulations, done, wall, progress, callbacks)
+    rundir = RunDir(path).require()
+    with rundir.lock():
+        config = load_config(rundir.config)
+        latest = rundir.latest_checkpoint()
+        if latest is None:
+            return start(config, path, overwrite=True, progress=progress, callbacks=callbacks)
+        done, folder = latest
+        rundir.truncate_to(checkpoint.verify(folder))
+        simulations = build(config)
+        state = checkpoint.load_message(folder / "state.safetensors").arrays
+        expected = {
+            f"{name}/{k}": np.asarray(v) for name, s in simulations.items() for k, v in s.state().items()
+        }
+        wrong = sorted(
+            k
+            for k in expected.keys() | state.keys()
+            if k not in state or k not in expected or state[k].shape != expected[k].shape
+        )
+        if wrong:
+            raise checkpoint.CheckpointError(
+                f"{folder / 'state.safetensors'} does not fit this run's config "
+                f"(arrays {', '.join(wrong[:4])})"
+            )
+        for name, simulation in simulations.items():
+            simulation.load({k.split("/", 1)[1]: v for k, v in state.items() if k.split("/", 1)[0] == name})
+        wall = checkpoint.read_progress(folder)["wall_s"]
+        return _loop(config, rundir, simulations, done, wall, progress, callbacks)
 
 
 def _loop(config, rundir, simulations, done, wall, progress, callbacks) -> RunDir:
@@ -224,15 +236,13 @@ def _write_records(
 def _save_checkpoint(
     rundir: RunDir, index: int, simulations: dict[str, Simulation], wall: dict[str, float]
 ) -> None:
-    folder = rundir.checkpoint_dir(index)
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     arrays = {f"{name}/{k}": np.asarray(v) for name, s in simulations.items() for k, v in s.state().items()}
-    (tmp / "state.safetensors").write_bytes(encode(Message(arrays=arrays)))
-    (tmp / "progress.json").write_text(json.dumps({"round": index, "wall_s": wall}, indent=1))
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(tmp, folder)
+
+    def write(tmp: Path) -> None:
+        (tmp / "state.safetensors").write_bytes(encode(Message(arrays=arrays)))
+        (tmp / "progress.json").write_text(json.dumps({"round": index, "wall_s": wall}, indent=1))
+
+    checkpoint.commit(rundir.checkpoint_dir(index), write, rundir)
 
 
 def _print_table(rundir: RunDir) -> None:

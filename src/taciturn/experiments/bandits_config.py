@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from taciturn.algorithms.base import StrictModel
-from taciturn.experiments.config import ChannelConfig
+from taciturn.experiments.config import ChannelConfig, RunName
 
 METHODS = ("bass", "independent", "pooled", "oracle", "club", "sclub", "dynucb")
 Method = Literal["bass", "independent", "pooled", "oracle", "club", "sclub", "dynucb"]
@@ -111,7 +111,7 @@ class BanditsCheckpoint(StrictModel):
 
 class BanditsConfig(StrictModel):
     type: Literal["bandits"]
-    name: str = Field("bandits", min_length=1)
+    name: RunName = "bandits"
     seed: int = Field(0, ge=0)
     repetitions: int = Field(5, ge=1, description="independent runs, with seeds seed, seed + 1, ...")
     horizon: int = Field(5000, ge=1, description="steps; at each one agent, drawn at random, pulls an arm")

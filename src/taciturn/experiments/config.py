@@ -11,10 +11,12 @@ import re
 import tomllib
 import types
 import typing
+import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+import tomli_w
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator, model_validator
 
 from taciturn.algorithms import REGISTRY
 from taciturn.algorithms.base import StrictModel
@@ -30,6 +32,24 @@ from taciturn.tasks.layers import BIAS_VAR, WEIGHT_VAR
 
 class ConfigError(TaciturnError, ValueError):
     """A configuration that cannot run; the message names the file, the key and the fix."""
+
+
+def _safe_name(name: str) -> str:
+    """A run name becomes a folder name (runs/<name>): one plain path component, printable."""
+    if name in (".", "..") or "/" in name or "\\" in name:
+        raise ValueError(f"name {name!r} must be a plain folder name (no '/', '\\', '.' or '..')")
+    if any(unicodedata.category(c).startswith("C") for c in name):
+        raise ValueError(f"name {name!r} contains control or invisible characters; use printable ones")
+    if name != name.strip():
+        raise ValueError(f"name {name!r} starts or ends with white space")
+    return name
+
+
+RunName = Annotated[str, Field(min_length=1, max_length=100), AfterValidator(_safe_name)]
+
+# Upper bounds that catch typos (10**12 steps) before any work starts; memory is checked in the runner.
+MAX_ROUNDS = 10_000_000
+MAX_WORKERS = 4096
 
 
 # ----- data -----
@@ -54,7 +74,7 @@ class DigitsData(SubsetOptions):
 
 class SyntheticData(StrictModel):
     dataset: Literal["synthetic"]
-    num_samples: int = Field(2000, ge=10)
+    num_samples: int = Field(2000, ge=10, description="checked against memory before generating")
     num_features: int = Field(20, ge=1)
     num_classes: int = Field(4, ge=2)
     separation: float = Field(2.0, gt=0)
@@ -329,7 +349,10 @@ class EngineConfig(StrictModel):
         "ray: actors on a Ray cluster); auto measures this machine (engine/choice.py)",
     )
     workers: int = Field(
-        0, ge=0, description="parallel workers (0: one per CPU core) or Ray actors (0: as the cluster allows)"
+        0,
+        ge=0,
+        le=MAX_WORKERS,
+        description="parallel workers (0: one per CPU core) or Ray actors (0: as the cluster allows)",
     )
     ray_address: str | None = Field(
         None, description="Ray cluster to join ('auto': the one on this machine); unset: start a local Ray"
@@ -360,9 +383,9 @@ class RunConfig(StrictModel):
     """A round-based federated run (FedAvg and the methods that share its shape)."""
 
     type: Literal["federated"] = "federated"
-    name: str = Field("run", min_length=1)
-    seed: int = Field(0, ge=0)
-    rounds: int = Field(50, ge=1)
+    name: RunName = "run"
+    seed: int = Field(0, ge=0, lt=2**63)
+    rounds: int = Field(50, ge=1, le=MAX_ROUNDS)
     loss: str = Field(
         "cross_entropy",
         description="cross_entropy; mse: squared error to one-hot targets (one 0/1 output for two classes); "
@@ -625,27 +648,6 @@ def load_config(path: Path | str, overrides: list[str] = ()) -> RunConfig:
     return validate(read_tree(path, overrides), str(path))
 
 
-def to_toml(config: RunConfig) -> str:
+def to_toml(config: BaseModel) -> str:
     """The resolved config (defaults filled in) as TOML, so a run directory is self-describing."""
-    return _dump_table(config.model_dump(mode="json", exclude_none=True), [])
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {type(value).__name__} to TOML")
-
-
-def _dump_table(table: dict, prefix: list[str]) -> str:
-    scalars = [f"{k} = {_toml_value(v)}" for k, v in table.items() if not isinstance(v, dict)]
-    out = ("[" + ".".join(prefix) + "]\n" if prefix and scalars else "") + "".join(s + "\n" for s in scalars)
-    for k, v in table.items():
-        if isinstance(v, dict):
-            out += "\n" + _dump_table(v, [*prefix, k])
-    return out
+    return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))

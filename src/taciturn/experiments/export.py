@@ -21,7 +21,7 @@ from taciturn.core.params import Params
 from taciturn.core.rng import Streams
 from taciturn.experiments import checkpoint
 from taciturn.experiments.config import ConfigError, RunConfig, load_config
-from taciturn.report.rundir import RunDir
+from taciturn.report.rundir import RunDir, RunDirError
 
 FORMATS = ("state_dict", "hf")
 
@@ -49,21 +49,18 @@ def model_record(task: Any, data: Any) -> dict[str, Any]:
 
 
 def _checkpoint(rundir: RunDir, round: int | None) -> tuple[int, Path]:
-    done = sorted(p for p in rundir.checkpoints.glob("round_*") if (p / "progress.json").is_file())
-    rounds = [int(p.name.split("_")[1]) for p in done]
+    done = dict(rundir.committed_checkpoints())
     if not done:
-        raise FileNotFoundError(f"{rundir.path} has no checkpoint to export")
+        raise RunDirError(f"{rundir.path} has no checkpoint to export")
     if round is None:
-        return rounds[-1], done[-1]
-    if round not in rounds:
-        raise ConfigError(f"--round {round}: {rundir.path} keeps checkpoints of rounds {rounds}")
-    return round, done[rounds.index(round)]
+        return max(done), done[max(done)]
+    if round not in done:
+        raise ConfigError(f"--round {round}: {rundir.path} keeps checkpoints of rounds {sorted(done)}")
+    return round, done[round]
 
 
 def _federated_config(rundir: RunDir) -> RunConfig:
-    if not rundir.exists():
-        raise FileNotFoundError(f"{rundir.path} is not a run directory (no config.toml)")
-    config = load_config(rundir.config)
+    config = load_config(rundir.require().config)
     if config.model.kind == "causal_lm":
         raise ConfigError("[model.kind] causal_lm runs cannot be exported yet")
     return config
@@ -140,7 +137,7 @@ def export(
     if format not in FORMATS:
         raise ConfigError(f"--format {format!r}: choose one of {', '.join(FORMATS)}")
     if out.exists() and not (overwrite and (out.is_file() or format == "hf")):
-        raise FileExistsError(f"{out} exists; choose another --out, or pass --overwrite to replace it")
+        raise RunDirError(f"{out} exists; choose another --out, or pass --overwrite to replace it")
     if format == "hf":
         trained = load_model(path, model, round)
         if not hasattr(trained, "save_pretrained"):

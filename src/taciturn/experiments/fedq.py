@@ -30,6 +30,7 @@ from taciturn.experiments.config import (
     ChannelConfig,
     CheckpointConfig,
     ConfigError,
+    RunName,
     read_tree,
     to_toml,
     validate,
@@ -73,10 +74,10 @@ class FedQRunConfig(StrictModel):
     """Federated Q-learning: M agents, FedQ-Hoeffding or FedQ-Bernstein, on a tabular MDP."""
 
     type: Literal["fedq"]
-    name: str = Field("fedq", min_length=1)
+    name: RunName = "fedq"
     seed: int = Field(0, ge=0, description="drives the agents' trajectories and the channel's drops")
     agents: int = Field(10, ge=1, description="M")
-    episodes: int = Field(30000, ge=1, description="episodes per agent (the papers' T / H)")
+    episodes: int = Field(30000, ge=1, le=10**9, description="episodes per agent (the papers' T / H)")
     mdp: Annotated[RandomMdpConfig | FileMdpConfig, Field(discriminator="kind")] = RandomMdpConfig()
     algorithm: FedQAlgorithmConfig = FedQAlgorithmConfig()
     channel: ChannelConfig = ChannelConfig()
@@ -142,33 +143,38 @@ def start(
     progress: bool = True,
     callbacks: tuple[RoundCallback, ...] = (),
 ) -> RunDir:
-    """Run a new FedQ experiment into ``out``."""
+    """Run a new FedQ experiment into ``out`` (holding its lock)."""
     rundir = RunDir(out)
-    rundir.check_free(overwrite)
-    exp = prepare(config, out, build_mdp(config))  # a missing or malformed MDP file fails here
-    rundir.reset(to_toml(config))
-    (rundir.path / MDP_FILE).write_bytes(encode(exp.mdp.to_message()))
-    state = exp.fedq.init()
-    counters = {"round": 0, "episodes": 0, "agent_episodes": 0, "regret": 0.0, "wall_s": 0.0}
-    counters |= {"scalars_up": 0, "scalars_down": 0, "uploads_lost": 0}
-    RunDir.append_jsonl(rundir.metrics, _row(exp, counters, None, exp.federation.policy_gap(state)))
-    return _loop(exp, state, counters, progress, callbacks)
+    with rundir.lock():
+        rundir.check_free(overwrite)
+        exp = prepare(config, out, build_mdp(config))  # a missing or malformed MDP file fails here
+        rundir.reset(to_toml(config))
+        (rundir.path / MDP_FILE).write_bytes(encode(exp.mdp.to_message()))
+        state = exp.fedq.init()
+        counters = {"round": 0, "episodes": 0, "agent_episodes": 0, "regret": 0.0, "wall_s": 0.0}
+        counters |= {"scalars_up": 0, "scalars_down": 0, "uploads_lost": 0}
+        RunDir.append_jsonl(rundir.metrics, _row(exp, counters, None, exp.federation.policy_gap(state)))
+        return _loop(exp, state, counters, progress, callbacks)
 
 
 def resume(path: Path, progress: bool = True, callbacks: tuple[RoundCallback, ...] = ()) -> RunDir:
     """Continue a FedQ run from its last checkpoint; it ends with the numbers of an uninterrupted run."""
-    rundir = RunDir(path)
-    config = validate(read_tree(rundir.config), str(rundir.config), FedQRunConfig)
-    latest = rundir.latest_checkpoint()
-    if latest is None:
-        log.info("no checkpoint in %s: starting it again from round 0", path)
-        return start(config, path, overwrite=True, progress=progress, callbacks=callbacks)
-    round, folder = latest
-    rundir.truncate_after(round)
-    mdp = TabularMDP.from_message(decode((rundir.path / MDP_FILE).read_bytes()))
-    exp = prepare(config, path, mdp, ledger=Ledger.from_csv(rundir.ledger, up_to_round=round))
-    state, counters = checkpoint.load(folder, FedQState, MemoryStateStore())
-    return _loop(exp, state, counters, progress, callbacks)
+    rundir = RunDir(path).require()
+    with rundir.lock():
+        config = validate(read_tree(rundir.config), str(rundir.config), FedQRunConfig)
+        latest = rundir.latest_checkpoint()
+        if latest is None:
+            log.info("no checkpoint in %s: starting it again from round 0", path)
+            return start(config, path, overwrite=True, progress=progress, callbacks=callbacks)
+        round, folder = latest
+        rundir.truncate_to(checkpoint.verify(folder))  # the MDP file is pinned by the manifest
+        try:
+            mdp = TabularMDP.from_message(checkpoint.load_message(rundir.path / MDP_FILE))
+        except (ValueError, KeyError, TypeError) as error:
+            raise checkpoint.CheckpointError(f"{rundir.path / MDP_FILE} is not an MDP ({error})") from None
+        exp = prepare(config, path, mdp, ledger=Ledger.from_csv(rundir.ledger, up_to_round=round))
+        state, counters = checkpoint.load(folder, exp.fedq.init(), MemoryStateStore())
+        return _loop(exp, state, counters, progress, callbacks)
 
 
 def _row(exp: Experiment, counters: dict[str, Any], record: RoundRecord | None, policy_gap: float) -> dict:
@@ -250,7 +256,14 @@ def _loop(
                 RunDir.append_jsonl(rundir.metrics, row)
                 finished = counters["episodes"] >= config.episodes
                 if round % config.checkpoint.every == 0 or finished:
-                    checkpoint.save(rundir.checkpoint_dir(round), state, MemoryStateStore(), counters)
+                    checkpoint.save(
+                        rundir.checkpoint_dir(round),
+                        state,
+                        MemoryStateStore(),
+                        counters,
+                        rundir=rundir,
+                        pinned=(MDP_FILE,),
+                    )
                     rundir.prune_checkpoints(config.checkpoint.keep)
                 bar.update(
                     task,

@@ -32,7 +32,7 @@ from taciturn.data.federated import FederatedData
 from taciturn.data.partition import partition
 from taciturn.engine.analysis import Analysis, TwinState
 from taciturn.engine.federation import Federation, RoundReport
-from taciturn.experiments import checkpoint
+from taciturn.experiments import checkpoint, memory
 from taciturn.experiments.config import ConfigError, RunConfig, load_config, to_toml
 from taciturn.experiments.engine_setup import ExecutorFactory, build_federation
 from taciturn.experiments.export import model_record
@@ -135,6 +135,9 @@ def build_task(
     else:
         model_options = config.model.model_dump(exclude={"kind"})
         try:
+            memory.check_model(
+                lambda: build_model(config.model.kind, dataset.input_shape, outputs, **model_options)
+            )
             model = build_model(config.model.kind, dataset.input_shape, outputs, **model_options)
         except ValueError as error:
             raise ConfigError(f"[model] {error} (data {dataset.name}: input {dataset.input_shape})") from None
@@ -209,6 +212,9 @@ def _dataset(config: RunConfig, streams: Streams, objects: UserObjects) -> Array
         except HfModelNotFound as error:  # its tokenizer
             raise ConfigError(f"[model.name_or_path] {error}") from None
     options = config.data.model_dump(exclude={"dataset", "path"})
+    if config.data.dataset == "synthetic":  # float32 features and int64 labels, generated at once
+        size = config.data.num_samples * (4 * config.data.num_features + 8)
+        memory.check_fits(f"[data] {config.data.num_samples:,} synthetic samples", size, "use fewer")
     try:
         return load_dataset(
             config.data.dataset,
@@ -333,22 +339,21 @@ def start(
     """Run a new experiment into ``out``; ``remote`` builds the executor of a deployed run
     (taciturn.deploy), whose clients train on their own machines."""
     rundir = RunDir(out)
-    rundir.check_free(overwrite)
-    exp = prepare(
-        config, out, objects=objects, remote=remote
-    )  # all that can fail on config or data fails here
-    rundir.reset(to_toml(config))
-    info = {"primary_metric": exp.task.primary_metric, "engine": exp.engine_note}
-    rundir.info.write_text(json.dumps(info | model_record(exp.task, exp.data)))
-    _write_partition(exp)
-    params = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))
-    state = exp.algorithm.init_server(params, exp.data.num_clients)
-    if exp.analysis is not None:
-        exp.analysis.begin(params)
-    counters = {"round": 0, "wall_s": 0.0, "rejected": 0, "failed": 0, "skipped": 0}
-    row = _evaluate(exp, state, counters, None)
-    RunDir.append_jsonl(rundir.metrics, _with_analysis(exp, state, row))
-    return _loop(exp, state, counters, progress, callbacks)
+    with rundir.lock():
+        rundir.check_free(overwrite)
+        exp = prepare(config, out, objects=objects, remote=remote)  # all that can fail on config or data
+        rundir.reset(to_toml(config))
+        info = {"primary_metric": exp.task.primary_metric, "engine": exp.engine_note}
+        rundir.info.write_text(json.dumps(info | model_record(exp.task, exp.data)))
+        _write_partition(exp)
+        params = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))
+        state = exp.algorithm.init_server(params, exp.data.num_clients)
+        if exp.analysis is not None:
+            exp.analysis.begin(params)
+        counters = {"round": 0, "wall_s": 0.0, "rejected": 0, "failed": 0, "skipped": 0}
+        row = _evaluate(exp, state, counters, None)
+        RunDir.append_jsonl(rundir.metrics, _with_analysis(exp, state, row))
+        return _loop(exp, state, counters, progress, callbacks)
 
 
 def resume(
@@ -358,25 +363,28 @@ def resume(
     objects: UserObjects | None = None,
 ) -> RunDir:
     """Continue a run from its last checkpoint; it ends with the numbers of an uninterrupted run."""
-    rundir = RunDir(path)
-    if not rundir.exists():
-        raise FileNotFoundError(f"{path} is not a run directory (no config.toml)")
-    config = load_config(rundir.config)
-    latest = rundir.latest_checkpoint()
-    if latest is None:
-        log.info("no checkpoint in %s: starting it again from round 0", path)
-        return start(config, path, overwrite=True, progress=progress, callbacks=callbacks, objects=objects)
-    round, folder = latest
-    rundir.truncate_after(round)
-    exp = prepare(config, path, ledger=Ledger.from_csv(rundir.ledger, up_to_round=round), objects=objects)
-    params = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))
-    initial = exp.algorithm.init_server(params, exp.data.num_clients)
-    state, counters = checkpoint.load(folder, type(initial), exp.store)
-    if exp.analysis is not None:
-        exp.analysis.begin(params, checkpoint.load_extra(folder, "analysis", TwinState))
-    if exp.federation.aggregation is not None:
-        exp.federation.aggregation.restore(checkpoint.load_extra(folder, "server_chain", ChainState))
-    return _loop(exp, state, counters, progress, callbacks)
+    rundir = RunDir(path).require()
+    with rundir.lock():
+        config = load_config(rundir.config)
+        latest = rundir.latest_checkpoint()
+        if latest is None:
+            log.info("no checkpoint in %s: starting it again from round 0", path)
+            return start(
+                config, path, overwrite=True, progress=progress, callbacks=callbacks, objects=objects
+            )
+        round, folder = latest
+        rundir.truncate_to(checkpoint.verify(folder))
+        ledger = Ledger.from_csv(rundir.ledger, up_to_round=round)
+        exp = prepare(config, path, ledger=ledger, objects=objects)
+        params = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))
+        initial = exp.algorithm.init_server(params, exp.data.num_clients)
+        state, counters = checkpoint.load(folder, initial, exp.store)
+        if exp.analysis is not None:
+            exp.analysis.begin(params, checkpoint.load_extra(folder, "analysis", TwinState(params, None)))
+        if exp.federation.aggregation is not None:
+            chain = checkpoint.load_extra(folder, "server_chain", ChainState({}))
+            exp.federation.aggregation.restore(chain)
+        return _loop(exp, state, counters, progress, callbacks)
 
 
 def _evaluate(
@@ -480,7 +488,7 @@ def _loop(
                     extras = {} if exp.analysis is None else exp.analysis.checkpoint_extras()
                     if exp.federation.aggregation is not None:
                         extras |= exp.federation.aggregation.checkpoint_extras()
-                    checkpoint.save(rundir.checkpoint_dir(round), state, exp.store, counters, extras)
+                    checkpoint.save(rundir.checkpoint_dir(round), state, exp.store, counters, extras, rundir)
                     rundir.prune_checkpoints(config.checkpoint.keep)
                 bar.update(round, row, exp.ledger)
                 for callback in callbacks:

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from taciturn.experiments.config import ConfigError, read_tree, validate
-from taciturn.report.rundir import RunDir
+from taciturn.report.rundir import RunDir, check_comparison_folder
 
 
 @dataclass(frozen=True)
@@ -40,9 +40,10 @@ def _federated_report(rundir: RunDir) -> Path:
 
 def _federated_headline(rundir: RunDir) -> str:
     from taciturn.report.html import summary
+    from taciturn.report.plots import metric_keys
 
     metric = rundir.primary_metric()
-    s = summary(rundir.read_metrics(), metric)
+    s = summary(rundir.numeric_metrics(metric_keys(metric)), metric)
     return (
         f"final {metric} {s.get(f'final {metric}')}, {s.get('MB up')} MB up, "
         f"{s.get('MB down')} MB down, {s.get('wall s')} s"
@@ -51,10 +52,11 @@ def _federated_headline(rundir: RunDir) -> str:
 
 def _federated_comparison(rundirs: list[RunDir], out: Path) -> tuple[Path, dict[str, dict]]:
     from taciturn.report.html import summary, write_comparison
+    from taciturn.report.plots import metric_keys
 
     metric = rundirs[0].primary_metric()
     keys = [f"final {metric}", f"best {metric}", "MB up", "MB down", "rounds", "wall s"]
-    rows = {str(r.path): summary(r.read_metrics(), metric) for r in rundirs}
+    rows = {str(r.path): summary(r.numeric_metrics(metric_keys(metric)), metric) for r in rundirs}
     return write_comparison(rundirs, out), {run: {k: s.get(k) for k in keys} for run, s in rows.items()}
 
 
@@ -127,9 +129,12 @@ def _type_of_run(rundir: RunDir) -> ExperimentType:
 
 def _type_name(rundir: RunDir) -> str:
     """The run's experiment type: a known one, or a clear error."""
-    if not rundir.exists():
-        raise FileNotFoundError(f"{rundir.path} is not a run directory (no config.toml)")
-    return _known_type(tomllib.loads(rundir.config.read_text()), str(rundir.config))
+    rundir.require()
+    try:
+        tree = tomllib.loads(rundir.config.read_text())
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"{rundir.config} is not valid TOML: {error}") from None
+    return _known_type(tree, str(rundir.config))
 
 
 def resume(path: Path, report: bool = True, **options: Any) -> RunDir:
@@ -141,11 +146,13 @@ def resume(path: Path, report: bool = True, **options: Any) -> RunDir:
 
 
 def report(rundir: RunDir) -> Path:
-    return _type_of_run(rundir).report(rundir)
+    with rundir.lock():
+        return _type_of_run(rundir).report(rundir)
 
 
 def compare(rundirs: list[RunDir], out: Path) -> tuple[Path, dict[str, dict]]:
     """Compare runs of one experiment type side by side."""
+    check_comparison_folder(out)
     names = {str(r.path): _type_name(r) for r in rundirs}
     if len(set(names.values())) > 1:
         listed = ", ".join(f"{path} ({name})" for path, name in names.items())

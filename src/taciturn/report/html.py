@@ -70,11 +70,11 @@ def write_report(rundir: RunDir) -> Path:
     from taciturn.report import lazy, plots  # matplotlib: only when a page is written
 
     images = plots.run_plots(rundir)
-    rows = rundir.read_metrics()
+    metric = rundir.primary_metric()
+    rows = rundir.numeric_metrics(plots.metric_keys(metric))
     parts = [f"<h1>taciturn run: {html.escape(rundir.path.name)}</h1>"]
     if why := divergence(rows):
         parts.append(f'<p style="color:#b00;font-weight:bold">Warning: {html.escape(why)}</p>')
-    metric = rundir.primary_metric()
     parts.append(table(["", "value"], [[k, v] for k, v in summary(rows, metric).items()]))
     parts += [
         "<h2>Accuracy</h2>",
@@ -91,7 +91,7 @@ def write_report(rundir: RunDir) -> Path:
             "<h2>Partition</h2>",
             f"<p>{html.escape(part['dataset'])} from "
             f"<span class='muted'>{html.escape(part['source'])}</span>: "
-            f"{part['num_clients']} clients, {part['kind']} split. "
+            f"{part['num_clients']} clients, {html.escape(part['kind'])} split. "
             f"Samples per client: min {sizes.min()}, median {int(np.median(sizes))}, max {sizes.max()}. "
             f"Classes per client: min {classes.min()}, median {int(np.median(classes))}, "
             f"max {classes.max()}.</p>",
@@ -107,7 +107,7 @@ def write_report(rundir: RunDir) -> Path:
             "pooled data, from the same initial weights.</p>",
             table(
                 ["", f"round {rows[-1]['round']}"],
-                [[k, f"{rows[-1][k]:.4g}"] for k in lazy.COLUMNS if rows[-1].get(k) is not None],
+                [[k, _number(rows[-1][k])] for k in lazy.COLUMNS if rows[-1].get(k) is not None],
             ),
             *(image(images[k]) for k in ("analysis", "centralized") if k in images),
         ]
@@ -163,6 +163,10 @@ def _metrics_table(rows: list[dict]) -> str:
     return f"<details><summary>{len(rows)} evaluations</summary>{table(keys, body, 0)}</details>"
 
 
+def _number(value: object) -> str:
+    return f"{value:.4g}" if isinstance(value, int | float) and not isinstance(value, bool) else str(value)
+
+
 def page(path: Path, title: str, parts: list[str]) -> Path:
     path.write_text(
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
@@ -178,8 +182,9 @@ def write_comparison(rundirs: list[RunDir], out: Path, note: str = "") -> Path:
 
     out.mkdir(parents=True, exist_ok=True)
     labels = _labels(rundirs)
-    series = [(label, r.read_metrics()) for label, r in zip(labels, rundirs, strict=True)]
     metric = rundirs[0].primary_metric()
+    columns = plots.metric_keys(metric)
+    series = [(label, r.numeric_metrics(columns)) for label, r in zip(labels, rundirs, strict=True)]
     acc = plots.accuracy_vs_round(series, out / "accuracy_vs_round.png", metric)
     comm = plots.accuracy_vs_bytes(series, out / "accuracy_vs_bytes.png", metric)
     keys = list(summary(series[0][1], metric))

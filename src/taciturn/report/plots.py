@@ -14,9 +14,17 @@ import numpy as np
 
 from taciturn.report.figures import save
 from taciturn.report.lazy import analysis_plots, has_analysis
-from taciturn.report.rundir import RunDir
+from taciturn.report.rundir import RunDir, RunDirError
 
 Series = list[tuple[str, list[dict]]]  # (label, metrics rows)
+
+
+def metric_keys(metric: str) -> tuple[str, ...]:
+    """The columns of a federated run's metrics that plots and summaries read (all numbers)."""
+    return (
+        *("round", metric, "loss", "bytes_up", "bytes_down", "messages_up", "messages_down"),
+        *("delivered_up", "delivered_down", "rejected", "failed", "wall_s"),
+    )
 
 
 def bytes_per_round(ledger: Path) -> dict[str, dict[int, int]]:
@@ -24,8 +32,13 @@ def bytes_per_round(ledger: Path) -> dict[str, dict[int, int]]:
     totals: dict[str, dict[int, int]] = {"up": defaultdict(int), "down": defaultdict(int)}
     if ledger.exists():
         with ledger.open(newline="") as f:
-            for row in csv.DictReader(f):
-                totals[row["direction"]][int(row["round"])] += int(row["bytes_sent"])
+            for number, row in enumerate(csv.DictReader(f), 2):
+                try:
+                    totals[row["direction"]][int(row["round"])] += int(row["bytes_sent"])
+                except (KeyError, ValueError, TypeError):
+                    raise RunDirError(
+                        f"{ledger} line {number} is not a ledger row; the file is damaged"
+                    ) from None
     return totals
 
 
@@ -84,9 +97,9 @@ def partition_histogram(partition: dict, path: Path) -> Path:
 
 
 def run_plots(rundir: RunDir) -> dict[str, Path]:
-    rows = rundir.read_metrics()
-    series = [(rundir.path.name, rows)]
     metric = rundir.primary_metric()
+    rows = rundir.numeric_metrics(metric_keys(metric))
+    series = [(rundir.path.name, rows)]
     plots = {
         "accuracy": accuracy_vs_round(series, rundir.plots / "accuracy_vs_round.png", metric),
         "bytes": accuracy_vs_bytes(series, rundir.plots / "accuracy_vs_bytes.png", metric),

@@ -1,0 +1,224 @@
+"""The run directory is the user's: nothing deleted without --overwrite, names that stay one folder,
+crash leftovers (temporary checkpoints, torn lines) handled on resume, one writer at a time, and
+checkpoints verified by digest."""
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+
+import numpy as np
+import pytest
+from conftest import tiny_config
+
+from taciturn.cli import main
+from taciturn.core.codec import decode, encode
+from taciturn.core.message import Message
+from taciturn.experiments import types
+from taciturn.experiments.checkpoint import MANIFEST, CheckpointError
+from taciturn.experiments.config import ConfigError, load_config, to_toml
+from taciturn.report.rundir import LOCK, RunDir, RunDirError
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """One finished tiny run (6 rounds, checkpoints at rounds 4 and 6), copied by each test."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    types.start(tiny_config(), out, report=False, progress=False)
+    return out
+
+
+@pytest.fixture
+def run(finished, tmp_path):
+    shutil.copytree(finished, tmp_path / "run")
+    return RunDir(tmp_path / "run")
+
+
+def _numbers(rundir: RunDir) -> list[dict]:
+    return [{k: v for k, v in row.items() if k != "wall_s"} for row in rundir.read_metrics()]
+
+
+def _crash_after_round_4(run: RunDir) -> None:
+    shutil.rmtree(run.checkpoint_dir(6))
+
+
+# ----- nothing deleted without --overwrite; only taciturn's files with it -----
+def test_a_folder_of_other_files_is_refused_and_left_alone(tmp_path):
+    out = tmp_path / "mine"
+    (out / "plots").mkdir(parents=True)
+    (out / "plots" / "thesis.png").write_bytes(b"mine")
+    (out / "checkpoints").mkdir()
+    (out / "checkpoints" / "notes.txt").write_text("mine")
+    with pytest.raises(RunDirError, match="not empty and is not a taciturn run"):
+        types.start(tiny_config(), out, progress=False)
+    assert (out / "plots" / "thesis.png").read_bytes() == b"mine"
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "plots"]
+
+
+def test_overwrite_replaces_only_the_files_taciturn_writes(run):
+    (run.plots / "thesis.png").parent.mkdir(exist_ok=True)
+    (run.path / "notes.txt").write_text("mine")
+    (run.checkpoints / "keep-me").mkdir()
+    with pytest.raises(RunDirError, match="already holds a run"):
+        types.start(tiny_config(), run.path, report=False, progress=False)
+    types.start(tiny_config(rounds=2), run.path, report=False, progress=False, overwrite=True)
+    assert (run.path / "notes.txt").read_text() == "mine" and (run.checkpoints / "keep-me").is_dir()
+    assert [r.name for r in sorted(run.checkpoints.glob("round_*"))] == ["round_000002"]
+    assert run.read_metrics()[-1]["round"] == 2
+
+
+def test_cli_refuses_a_foreign_folder_with_one_clean_line(tmp_path, capsys):
+    config = tmp_path / "c.toml"
+    config.write_text(to_toml(tiny_config()))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "report.html").write_text("the demo's comparison")
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "not a taciturn run" in err
+    assert (tmp_path / "out" / "report.html").read_text() == "the demo's comparison"
+
+
+@pytest.mark.parametrize("name", ["../x", "/abs/x", "a/b", "..", "a\nb", "a\x00b", "tab\there", " lead"])
+def test_run_names_are_one_plain_folder(name):
+    with pytest.raises(ConfigError, match=r"\[name\]"):
+        tiny_config(name=name)
+
+
+def test_every_valid_name_round_trips_through_config_toml(tmp_path):
+    config = tiny_config(name='quote" \'single\' é ☃ #x [y] = """z')
+    (tmp_path / "c.toml").write_text(to_toml(config))
+    assert load_config(tmp_path / "c.toml") == config
+
+
+# ----- crash leftovers -----
+def test_a_leftover_temporary_checkpoint_is_ignored_and_removed(run, finished):
+    _crash_after_round_4(run)
+    tmp = run.checkpoints / "round_000006.tmp"
+    tmp.mkdir()
+    (tmp / "server.safetensors").write_bytes(b"half")
+    types.resume(run.path, report=False, progress=False)
+    assert not tmp.exists()
+    assert _numbers(run) == _numbers(RunDir(finished))
+
+
+@pytest.mark.parametrize("file", ["metrics.jsonl", "ledger.csv", "events.jsonl"])
+def test_a_torn_last_line_is_cut_on_resume(run, finished, file, caplog):
+    _crash_after_round_4(run)
+    with (run.path / file).open("a") as f:
+        f.write('{"round": 5, "accur' if file.endswith("jsonl") else "5,3,u")
+    with caplog.at_level(logging.WARNING, logger="taciturn"):
+        types.resume(run.path, report=False, progress=False)
+    assert "torn last line" in caplog.text
+    assert _numbers(run) == _numbers(RunDir(finished))
+    assert (run.ledger).read_text() == (RunDir(finished).ledger).read_text()
+
+
+@pytest.mark.parametrize("file", ["metrics.jsonl", "ledger.csv", "config.toml"])
+def test_a_run_file_edited_before_the_checkpoint_is_a_clean_error(run, file):
+    """A digit changed in a row the checkpoint covers (or in the config) would silently change the
+    resumed run's totals: the checkpoint's manifest catches it."""
+    _crash_after_round_4(run)
+    path = run.path / file
+    text = path.read_text()
+    at = next(i for i, c in enumerate(text) if c in "123456789" and i > 40)
+    path.write_text(text[:at] + str(int(text[at]) % 9 + 1) + text[at + 1 :])
+    with pytest.raises(CheckpointError, match=file.replace(".", r"\.")):
+        types.resume(run.path, report=False, progress=False)
+
+
+# ----- one writer at a time -----
+def test_a_second_writer_gets_a_clear_error(run):
+    fd = os.open(run.path / LOCK, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another process's run, as the kernel sees it
+        with pytest.raises(RunDirError, match="in use by another taciturn process"):
+            types.resume(run.path, report=False, progress=False)
+        with pytest.raises(RunDirError, match="in use"):
+            types.start(tiny_config(), run.path, overwrite=True, progress=False)
+    finally:
+        os.close(fd)
+    types.resume(run.path, report=False, progress=False)  # released: it works again
+
+
+# ----- verified checkpoints -----
+@pytest.mark.parametrize("file", ["server.safetensors", "clients.safetensors", "progress.json", MANIFEST])
+def test_every_tampered_checkpoint_file_is_a_clean_error_naming_it(run, file):
+    _crash_after_round_4(run)
+    path = run.checkpoint_dir(4) / file
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    before = run.metrics.read_bytes()
+    with pytest.raises(CheckpointError, match=file if file != MANIFEST else MANIFEST):
+        types.resume(run.path, report=False, progress=False)
+    assert run.metrics.read_bytes() == before  # nothing truncated on the way to the error
+
+
+def test_a_missing_manifest_is_an_error_not_a_silent_resume(run):
+    _crash_after_round_4(run)
+    (run.checkpoint_dir(4) / MANIFEST).unlink()
+    with pytest.raises(CheckpointError, match=r"no readable manifest\.json"):
+        types.resume(run.path, report=False, progress=False)
+
+
+def test_a_state_of_another_shape_is_refused_even_with_a_matching_digest(run):
+    _crash_after_round_4(run)
+    folder = run.checkpoint_dir(4)
+    message = decode((folder / "server.safetensors").read_bytes())
+    wider = {name: np.zeros((a.shape[0] + 1, *a.shape[1:]), a.dtype) for name, a in message.arrays.items()}
+    (folder / "server.safetensors").write_bytes(encode(Message(arrays=wider, meta=message.meta)))
+    manifest = json.loads((folder / MANIFEST).read_text())
+    entry = manifest["files"]["server.safetensors"]
+    entry["sha256"] = hashlib.sha256((folder / "server.safetensors").read_bytes()).hexdigest()
+    entry["bytes"] = (folder / "server.safetensors").stat().st_size
+    del manifest["sha256"]
+    manifest["sha256"] = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="does not fit this run's config"):
+        types.resume(run.path, report=False, progress=False)
+
+
+# ----- the report escapes every field and refuses what is not a number -----
+def test_the_report_escapes_a_tampered_partition(run):
+    part = json.loads(run.partition.read_text())
+    part["kind"] = "<script>alert(1)</script>"
+    part["source"] = "<img src=x onerror=alert(2)>"
+    run.partition.write_text(json.dumps(part))
+    page = types.report(run).read_text()
+    assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<img src=x" not in page
+
+
+@pytest.mark.parametrize("value", ['"<script>x</script>"', "true", "null", "[1]"])
+def test_a_non_numeric_metric_is_a_clean_report_error(run, value, capsys):
+    lines = run.metrics.read_text().splitlines()
+    lines[2] = lines[2].replace('"accuracy": ', f'"accuracy": {value}, "was": ', 1)
+    run.metrics.write_text("\n".join(lines) + "\n")
+    assert main(["report", str(run.path)]) == 2
+    err = capsys.readouterr().err
+    assert "metrics.jsonl line 3: accuracy is" in err and "Traceback" not in err
+    assert not run.report.exists() or "<script>x" not in run.report.read_text()
+
+
+@pytest.mark.parametrize("num_clients", ['"8<b>"', "-1", "1.5"])
+def test_a_partition_with_bad_counts_is_a_clean_report_error(run, num_clients):
+    text = run.partition.read_text()
+    run.partition.write_text(text.replace('"num_clients": 8', f'"num_clients": {num_clients}'))
+    with pytest.raises(RunDirError, match=r"partition\.json is damaged"):
+        types.report(run)
+
+
+def test_compare_and_demo_refuse_a_folder_of_other_files(run, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.html").write_text("my own page")
+    (mine / "notes.txt").write_text("mine")
+    assert main(["compare", str(run.path), "--out", str(mine)]) == 2
+    assert main(["demo", "--out", str(mine), "--quiet"]) == 2
+    assert (mine / "report.html").read_text() == "my own page"
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt", "report.html"]
+    ok = tmp_path / "cmp"
+    assert main(["compare", str(run.path), str(run.path), "--out", str(ok)]) == 0
+    assert main(["compare", str(run.path), str(run.path), "--out", str(ok)]) == 0  # its own files: fine
