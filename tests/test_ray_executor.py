@@ -169,7 +169,11 @@ def test_checkpoint_and_resume_on_ray_end_with_the_sequential_numbers(cluster, t
 def test_a_worker_that_dies_mid_round_has_its_clients_run_on_the_survivor(cluster, tmp_path):
     """The worker node's actor exits inside its first client's local training; the round's clients
     all run on the head node's actor, and the run ends with the numbers it would have had."""
-    cfg = config(cluster, {"name": "scaffold", "fraction": 1.0, "local": {"momentum": 0.5}})
+    cfg = config(
+        cluster,
+        {"name": "scaffold", "fraction": 1.0, "local": {"momentum": 0.5}},
+        channel={"drop_up": 0.3},  # a dropped uplink's c_i must not take effect (acceptance)
+    )
     reference, ref_reports, ref = sequential(tmp_path, cfg, 2)
     exp = prepare(cfg, tmp_path / "ray")
     executor, pipeline = exp.federation.executor, exp.federation.executor.pipeline
@@ -193,6 +197,7 @@ def test_a_worker_that_dies_mid_round_has_its_clients_run_on_the_survivor(cluste
         torch.testing.assert_close(params[name], reference[name], **TOLERANCE)
     for a, b in zip(ref_reports, reports, strict=True):
         assert (a.selected, a.accepted, a.failed) == (b.selected, b.accepted, b.failed)
+    assert len(ref_reports[0].accepted) < len(ref_reports[0].selected)  # the premise: drops
     assert_same_traffic(exp.ledger.rows(), ref.ledger.rows())  # the dead actor's are not counted twice
     for client, state in states.items():
         for key, value in ref.store.get(client).items():

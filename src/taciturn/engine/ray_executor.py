@@ -12,8 +12,9 @@ driver merges one partial per actor with ``combine``. What Ray moves:
   per round, whatever the number of actors or clients;
 * per actor per round, one JSON header and codec blobs back (engine/wire.py): no update is pickled.
 
-Client state lives with a keeper actor on the driver's node (engine/ray_state.py), staged by the
-workers and committed by the driver once a worker's result has arrived.
+Client state lives with a keeper actor on the driver's node (engine/ray_state.py): workers stage
+the new states there before returning their part, and the Federation's ``commit`` makes them take
+effect under the acceptance rule (engine/pipeline.py).
 
 Faults: when an actor dies mid-round (its process or its node), Ray raises ``RayActorError`` for its
 call; its clients are run again on the surviving actors in the same round. Every random draw comes
@@ -140,7 +141,6 @@ class RayExecutor(Executor):
         while pending:  # again, on the survivors, for the clients of actors that died
             pending = self._run(round, pending, which, refs, spec_json, parts)
         part = merge(self.pipeline, parts)
-        self.commit(round, clients)
         order = {c: i for i, c in enumerate(clients)}
         part.accepted.sort(key=order.__getitem__)
         part.rejected.sort(key=lambda item: order[item[0]])
@@ -198,7 +198,8 @@ class RayExecutor(Executor):
         return [c for c in clients if c in set(lost)]
 
     def commit(self, round: int, accepted: Sequence[int]) -> None:
-        """The round's staged client states of ``accepted`` take effect; the others are dropped."""
+        """The round's staged client states take effect as engine/ray_state.py says; the keeper has
+        stored them when this returns (a checkpoint may follow)."""
         if isinstance(self.pipeline.store, RayStateStore):
             ray.get(self.pipeline.store.keeper.commit.remote(round, list(accepted)))
 
@@ -237,21 +238,29 @@ class Worker:
             )
             spec = decode_spec(request["spec"])
             part = pipeline.serve(round, clients, downlink, spec, self.trainer)
-            if pipeline.store.staged:  # before the result: the driver commits what has arrived
-                ray.get(self.keeper.stage.remote(round, encode_states(pipeline.store.staged)))
+            silent = pipeline.store.take()  # clients that sent nothing: stored at once, in-process
+            pipeline.commit(round, clients)  # hands over the states awaiting acceptance
+            sent = pipeline.store.take()
+            if silent or sent:  # at the keeper before the result leaves; the driver commits
+                ray.get(self.keeper.stage.remote(round, encode_states(silent), encode_states(sent)))
             return encode_part(part, pipeline.channel.ledger.rows())
         except Exception:
             return {"error": f"ray worker {os.getpid()} on node {self.node()}: {traceback.format_exc()}"}, []
 
 
 class _Staging(MemoryStateStore):
-    """A share's states as the keeper holds them; what the pipeline stores is staged for the keeper."""
+    """A share's states as the keeper holds them; what the pipeline stores is kept for the keeper."""
 
     def __init__(self, states: Mapping[int, Any]):
         super().__init__()
         self._states = dict(states)
-        self.staged: dict[int, Any] = {}
+        self._written: dict[int, Any] = {}
 
     def put(self, client, state) -> None:
         super().put(client, state)
-        self.staged[client] = state
+        self._written[client] = state
+
+    def take(self) -> dict[int, Any]:
+        """The states stored since the last take."""
+        written, self._written = self._written, {}
+        return written

@@ -10,9 +10,12 @@ checkpoints are files on the driver's machine. (A per-worker disk store would be
 and would pin each client to one worker; a state owner per worker would do both.)
 
 Writes are staged: a worker fetches its share's states in one call, trains, and sends the new
-states back (``stage``) before it returns its part of the round; they take effect only when the
-executor commits them (``commit``), after the worker's result has arrived. A worker that dies
-mid-round leaves nothing committed, so its clients can be run again from the same state. States
+states back (``stage``) before it returns its part of the round. They take effect when the driver
+commits the round (``commit``, called by the Federation once the round's aggregate is validated):
+a client that sent an uplink gets its new state only if the server accepted that uplink (the
+acceptance rule of engine/pipeline.py); a client that sent nothing gets it at the commit whatever
+was accepted. A worker that dies mid-round leaves nothing committed, so its clients can be run again
+from the same state. States
 cross between processes through the codec (core/state_store.py ``encode_states``), never pickled.
 """
 
@@ -36,27 +39,36 @@ from taciturn.core.state_store import (
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class Keeper:
-    """Owns every client's committed state, plus the states staged by this round's workers."""
+    """Owns every client's committed state, plus the states staged by this round's workers:
+    ``silent`` (the client sent nothing: stored at the commit) and ``sent`` (stored if accepted)."""
 
     def __init__(self, disk_path: str | None, num_clients: int):
         self.store: ClientStateStore = (
             DiskStateStore(Path(disk_path), num_clients) if disk_path else MemoryStateStore()
         )
-        self.staged: dict[int, dict[int, ClientState]] = {}  # round -> client -> new state
+        self.round: int | None = None  # the round whose states are staged
+        self.silent: dict[int, ClientState] = {}
+        self.sent: dict[int, ClientState] = {}
 
     def get(self, clients: Sequence[int]) -> bytes:
         return encode_states({c: s for c in clients if (s := self.store.get(c)) is not None})
 
-    def stage(self, round: int, states: bytes) -> None:
-        self.staged.setdefault(round, {}).update(decode_states(states))
+    def stage(self, round: int, silent: bytes, sent: bytes) -> None:
+        if self.round != round:  # an earlier round never committed: nothing of it was accepted
+            self.round, self.silent, self.sent = round, {}, {}
+        self.silent.update(decode_states(silent))
+        self.sent.update(decode_states(sent))
 
-    def commit(self, round: int, clients: Sequence[int]) -> None:
-        """Store the round's staged states of ``clients``; forget every other staged state."""
-        staged = self.staged.pop(round, {})
-        self.staged.clear()
-        for client in clients:
-            if client in staged:
-                self.store.put(client, staged[client])
+    def commit(self, round: int, accepted: Sequence[int]) -> None:
+        """Store the round's silent clients' states and the states of ``accepted`` clients; forget
+        the rest (their uplink was dropped or rejected, or the round was discarded)."""
+        if self.round == round:
+            for client, state in self.silent.items():
+                self.store.put(client, state)
+            for client in accepted:
+                if (state := self.sent.get(client)) is not None:
+                    self.store.put(client, state)
+        self.round, self.silent, self.sent = None, {}, {}
 
     def put(self, client: int, states: bytes) -> None:
         self.store.put(client, decode_states(states)[client])
