@@ -222,3 +222,35 @@ def test_compare_and_demo_refuse_a_folder_of_other_files(run, tmp_path):
     ok = tmp_path / "cmp"
     assert main(["compare", str(run.path), str(run.path), "--out", str(ok)]) == 0
     assert main(["compare", str(run.path), str(run.path), "--out", str(ok)]) == 0  # its own files: fine
+
+
+@pytest.mark.parametrize("file", ["clients/slots.bin", "clients/layout.json", "clients/present.npy"])
+def test_tampered_disk_client_states_are_refused(tmp_path, file):
+    """Random bytes in a disk store's slots, or a changed layout, once resumed silently."""
+    config = tiny_config(algorithm__name="scaffold", engine__store="disk", rounds=4)
+    run = RunDir(tmp_path / "run")
+    types.start(config, run.path, report=False, progress=False)
+    shutil.rmtree(run.checkpoint_dir(4))
+    path = run.checkpoint_dir(2) / file
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x7F
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=file):
+        types.resume(run.path, report=False, progress=False)
+
+
+def test_a_fedq_run_refuses_an_edited_mdp(tmp_path):
+    from taciturn.experiments.config import validate
+    from taciturn.experiments.fedq import FedQRunConfig
+    from taciturn.report.fedq import MDP_FILE
+
+    tree = {"type": "fedq", "name": "q", "agents": 2, "episodes": 40, "checkpoint": {"every": 2}}
+    config = validate(tree, "<test>", FedQRunConfig)
+    run = RunDir(tmp_path / "q")
+    types.start(config, run.path, report=False, progress=False)
+    path = run.path / MDP_FILE
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=MDP_FILE):
+        types.resume(run.path, report=False, progress=False)

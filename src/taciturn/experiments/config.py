@@ -77,7 +77,7 @@ class SyntheticData(StrictModel):
     num_samples: int = Field(2000, ge=10, description="checked against memory before generating")
     num_features: int = Field(20, ge=1)
     num_classes: int = Field(4, ge=2)
-    separation: float = Field(2.0, gt=0)
+    separation: float = Field(2.0, gt=0, le=1e6)
 
 
 class InstructionData(StrictModel):

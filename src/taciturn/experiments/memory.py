@@ -31,9 +31,9 @@ def check_fits(what: str, nbytes: int, fix: str) -> None:
         )
 
 
-def check_model(build: Callable[[], nn.Module], section: str = "[model]") -> None:
+def check_model(build: Callable[[], nn.Module]) -> None:
     """Count the parameters of the model ``build`` makes without allocating them (PyTorch's meta
     device), and check they fit."""
     with torch.device("meta"):
         count = sum(p.numel() for p in build().parameters())
-    check_fits(f"{section} a model of {count:,} parameters", PARAMETER_COPIES * 4 * count, "make it smaller")
+    check_fits(f"a model of {count:,} parameters", PARAMETER_COPIES * 4 * count, "make it smaller")

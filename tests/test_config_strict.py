@@ -1,0 +1,54 @@
+"""Bad configs fail before any work: every float finite and bounded where a huge value is a typo,
+integers strictly integers (no strings or booleans), sizes checked against the machine's memory."""
+
+import pytest
+from conftest import tiny_config
+
+from taciturn.experiments import types
+from taciturn.experiments.config import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("algorithm__local__lr", float("inf"), "finite number"),
+        ("algorithm__local__lr", 1e308, "less than or equal to 1000000"),
+        ("algorithm__local__weight_decay", float("inf"), "finite number"),
+        ("algorithm__server_lr", float("inf"), "finite number"),
+        ("data__separation", float("inf"), "finite number"),
+        ("data__separation", 1e308, "less than or equal to 1000000"),
+        ("algorithm__local__lr", float("nan"), "finite number"),
+        ("engine__workers", 10**6, "less than or equal to 4096"),
+        ("algorithm__local__steps", 10**12, "less than or equal to 10000000"),
+        ("rounds", 2**63 - 1, "less than or equal to 10000000"),
+        ("rounds", "10", "rounds must be a number, not str '10'"),
+        ("rounds", True, "rounds must be a number, not bool True"),
+        ("partition__num_clients", True, "num_clients must be a number, not bool"),
+        ("algorithm__fraction", True, "fraction must be a number, not bool"),
+        ("algorithm__local__lr", "0.1", "lr must be a number, not str"),
+        ("seed", 2**64, "less than 9223372036854775808"),
+    ],
+)
+def test_bad_values_are_config_errors(key, value, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        tiny_config(**{key: value})
+
+
+def test_numbers_inside_arrays_are_strict_too():
+    with pytest.raises(ConfigError, match="hidden must be a number, not str '3'"):
+        tiny_config(model__kind="mlp", model__hidden=["3"])
+    assert tiny_config(model__kind="mlp", model__hidden=[3]).model.hidden == (3,)
+    assert tiny_config(algorithm__local__lr=1).algorithm.local.lr == 1.0  # an integer is a number
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"model__kind": "mlp", "model__hidden": [10**10]}, r"\[model\] a model of [\d,]+ parameters"),
+        ({"data__num_samples": 10**12}, r"\[data\] 1,000,000,000,000 synthetic samples"),
+    ],
+)
+def test_sizes_beyond_the_machine_fail_before_any_allocation(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message + r".* GiB of memory"):
+        types.start(tiny_config(**overrides), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
