@@ -26,7 +26,9 @@ class Mean(Aggregator):
 
 class Median(Aggregator):
     def reduce(self, updates: Updates, state: State) -> tuple[torch.Tensor, State, Info]:
-        return updates.rows.quantile(0.5, dim=0) if len(updates.rows) > 1 else updates.rows[0], state, {}
+        m = len(updates.rows)
+        ordered = updates.rows.sort(dim=0).values  # (torch.quantile refuses inputs over 2^24 values)
+        return (ordered[(m - 1) // 2] + ordered[m // 2]) / 2, state, {}
 
 
 class TrimmedMean(Aggregator):
