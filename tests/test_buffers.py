@@ -213,3 +213,34 @@ def test_a_batch_of_one_is_skipped_with_batchnorm(tmp_path):
     )
     assert result.metrics[-1]["failed"] == 0 and result.metrics[-1]["clients"] == 2
     assert result.model[1].num_batches_tracked == 0  # integer buffers are not federated
+
+
+def test_resume_of_a_batchnorm_model_ends_with_the_numbers_of_an_uninterrupted_run(tmp_path):
+    from taciturn.experiments import runner
+    from taciturn.experiments.config import validate
+    from taciturn.experiments.user import UserObjects
+    from taciturn.report.rundir import RunDir
+    from tests.test_runner import Interrupt, metrics_without_time, stop_after
+
+    x, y = two_classes()
+    data = taciturn.data.from_tensors(x, y, x[:20], y[:20])
+    tree = {
+        "rounds": 4,
+        "partition": {"kind": "iid", "num_clients": 4},
+        "algorithm": {"fraction": 0.5, "local": {"batch_size": 16}},
+        "checkpoint": {"every": 2},
+        "engine": {"executor": "sequential"},
+    }
+    whole = taciturn.run(tree, model=bn_mlp(), data=data, out=tmp_path / "whole", report=False)
+    config = validate({**tree, "model": {"kind": "python"}, "data": {"dataset": "python"}}, "<test>")
+    with pytest.raises(Interrupt):
+        runner.start(
+            config,
+            tmp_path / "cut",
+            progress=False,
+            callbacks=(stop_after(3),),
+            objects=UserObjects(bn_mlp(), data),
+        )
+    resumed = taciturn.resume(tmp_path / "cut", model=bn_mlp(), data=data, report=False)
+    assert metrics_without_time(RunDir(resumed.dir)) == metrics_without_time(RunDir(whole.dir))
+    assert torch.equal(resumed.model[1].running_var, whole.model[1].running_var)
