@@ -11,13 +11,13 @@ pytest.importorskip("flwr")
 from taciturn.core.ledger import PAYLOAD
 from taciturn.core.rng import SERVER, Streams
 from taciturn.deploy import protocol
+from taciturn.deploy.inprocess import InProcessGrid
 from taciturn.deploy.node_state import NodeStateStore
 from taciturn.deploy.server_app import run_deployed
 from taciturn.deploy.settings import DeployError, NodeSettings, ServerSettings
 from taciturn.experiments.runner import start
 from taciturn.report.rundir import RunDir
 from tests.conftest import tiny_config
-from tests.deploy_fakes import FakeGrid
 
 HOSTS = [[0, 1, 2], [3, 4, 5], [6, 7]]  # three nodes, eight clients
 ALGORITHMS = {
@@ -44,7 +44,7 @@ def ledger(rundir: RunDir) -> list[dict]:
 
 
 def deploy(config, tmp_path, lose=()):
-    grid = FakeGrid(config, HOSTS, tmp_path / "nodes", lose)
+    grid = InProcessGrid(config, HOSTS, tmp_path / "nodes", lose)
     rundir = run_deployed(grid, ServerSettings(config, tmp_path / "deployed", False, 5.0))
     return rundir, grid
 
@@ -174,7 +174,7 @@ def test_a_node_down_for_two_rounds_catches_up_with_its_persisted_state(tmp_path
     """Node 2 (clients 3, 4, 5) dies after round 1 and restarts before round 4 with a new node id."""
     scaffold = ALGORITHMS["scaffold"] | {"fraction": 1.0}
     config = tiny_config(rounds=4, algorithm=scaffold)
-    grid = FakeGrid(config, HOSTS, tmp_path / "nodes", outages={2: (2, 3)})
+    grid = InProcessGrid(config, HOSTS, tmp_path / "nodes", outages={2: (2, 3)})
     deployed = run_deployed(grid, ServerSettings(config, tmp_path / "deployed", False, 5.0))
     delivered = [row["delivered_up"] for row in deployed.read_metrics()]
     assert [b - a for a, b in itertools.pairwise(delivered)] == [8, 5, 5, 8]  # its clients dropped, then back
@@ -190,7 +190,7 @@ def test_a_node_down_for_two_rounds_catches_up_with_its_persisted_state(tmp_path
     # never went down commits it one round later
     steady = tiny_config(rounds=2, algorithm=scaffold)
     run_deployed(
-        FakeGrid(steady, HOSTS, tmp_path / "steady"), ServerSettings(steady, tmp_path / "s", False, 5.0)
+        InProcessGrid(steady, HOSTS, tmp_path / "steady"), ServerSettings(steady, tmp_path / "s", False, 5.0)
     )
     for client in (3, 4, 5):
         restarted = NodeStateStore(tmp_path / "nodes" / "node2").get(client)

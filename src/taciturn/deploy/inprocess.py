@@ -1,7 +1,9 @@
-"""An in-process stand-in for Flower's Grid: the ServerApp's messages go straight to the ClientApp.
+"""A Flower Grid in this process: the ServerApp's messages go straight to the ClientApp.
 
-It is Flower's own Message, RecordDict and ClientApp dispatch, without SuperLink processes, so
-the deployed round logic can be checked exactly against the simulation in milliseconds; a reply
+It is Flower's own Message, RecordDict, serialization and ClientApp dispatch, without SuperLink
+processes, so the deployed round logic can be checked exactly against the simulation in
+milliseconds (tests/test_deploy.py) and the framing Flower adds to taciturn's payloads measured
+without a network (benchmarks/deploy.py). Not a transport: real runs go through a SuperLink. A reply
 can be lost on purpose (``lose``), as a network would lose it, and a node can be down for some
 rounds and come back under a new node id (``outages``), as a restarted SuperNode does.
 """
@@ -21,7 +23,7 @@ from taciturn.experiments.config import RunConfig, to_toml
 SERVER_NODE = 0
 
 
-class FakeGrid(Grid):
+class InProcessGrid(Grid):
     def __init__(
         self, config: RunConfig, hosts: list[list[int]], state_root: Path, lose=frozenset(), outages=None
     ):
