@@ -52,3 +52,13 @@ def test_sizes_beyond_the_machine_fail_before_any_allocation(tmp_path, overrides
     with pytest.raises(ConfigError, match=message + r".* GiB of memory"):
         types.start(tiny_config(**overrides), tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_config_file_of_binary_garbage_is_a_config_error(tmp_path, capsys):
+    from taciturn.cli import main
+
+    path = tmp_path / "c.toml"
+    path.write_bytes(bytes(range(256)))
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "is not valid TOML" in err and "Traceback" not in err

@@ -637,7 +637,7 @@ def read_tree(path: Path | str, overrides: list[str] = ()) -> dict:
         raise ConfigError(f"config file {path} does not exist")
     try:
         tree = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as error:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise ConfigError(f"{path} is not valid TOML: {error}") from None
     for item in overrides:
         _set(tree, *parse_override(item))
