@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from docs_section import replace_titled_section
-from intervals import IntervalError, bootstrap_groups
+from intervals import IntervalError, bootstrap_groups, t_interval
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -73,6 +73,8 @@ class Scale:
     practical_rounds: int
     practical_eval_every: int
     last_evals: int  # practical accuracy: mean of the last evaluations (non-IID curves oscillate)
+    practical_seeds: tuple[int, ...]  # the gap is stated with a t-interval over these
+    practical_lrs: tuple[float, ...]  # tuned per width on IID data (width is not confounded with lr)
     layer_rounds: int  # rounds of the per-layer divergence check (seed 0, largest tau)
 
 
@@ -91,6 +93,8 @@ FULL = Scale(
     practical_eval_every=5,
     last_evals=3,
     layer_rounds=10,
+    practical_seeds=(0, 1, 2),
+    practical_lrs=(0.03, 0.1, 0.3),
 )
 QUICK = Scale(
     widths=(64, 256),
@@ -107,6 +111,8 @@ QUICK = Scale(
     practical_eval_every=1,
     last_evals=1,
     layer_rounds=2,
+    practical_seeds=(0, 1),
+    practical_lrs=(0.1,),
 )
 
 
@@ -141,14 +147,14 @@ def theory_config(n: int, tau: int, seed: int, scale: Scale) -> RunConfig:
     )
 
 
-def practical_config(k: int, split: str, scale: Scale) -> RunConfig:
+def practical_config(k: int, split: str, scale: Scale, seed: int = 0, lr: float = 0.1) -> RunConfig:
     partition = {"kind": "iid", "num_clients": 10}
     if split == "non-iid":
         partition = {"kind": "dirichlet", "num_clients": 10, "alpha": 0.1, "min_size": 10}
     return validate(
         {
-            "name": f"practical-k{k}-{split}",
-            "seed": 0,
+            "name": f"practical-k{k}-lr{lr}-s{seed}-{split}",
+            "seed": seed,
             "rounds": scale.practical_rounds,
             "data": {
                 "dataset": "fashion_mnist",
@@ -160,8 +166,8 @@ def practical_config(k: int, split: str, scale: Scale) -> RunConfig:
             "algorithm": {
                 "name": "fedavg",
                 "fraction": 1.0,
-                # The authors' code: SGD lr 0.1, batch 64, weight decay 1e-4, gradient clip 60.
-                "local": {"epochs": 2, "batch_size": 64, "lr": 0.1, "weight_decay": 1e-4, "clip_norm": 60.0},
+                # The authors' code: SGD lr 0.1 (tuned here), batch 64, weight decay 1e-4, gradient clip 60.
+                "local": {"epochs": 2, "batch_size": 64, "lr": lr, "weight_decay": 1e-4, "clip_norm": 60.0},
             },
             "eval": {"every": scale.practical_eval_every},
             "checkpoint": {"every": 10, "keep": 1},
@@ -317,14 +323,52 @@ def theory_table(scale: Scale, runs: dict[str, RunDir], configs: dict[str, RunCo
 
 
 # ----- practical -----
-def practical_table(scale: Scale, runs: dict[str, RunDir]) -> dict:
+def practical_key(k: int, lr: float, seed: int, split: str) -> str:
+    return f"k{k}-lr{lr}-s{seed}-{split}"
+
+
+def final_accuracy(rundir: RunDir, scale: Scale) -> float:
+    rows = rundir.read_metrics()
+    return float(np.mean([r["accuracy"] for r in rows[-scale.last_evals :]]))
+
+
+def tuned_lrs(scale: Scale, runs: dict[str, RunDir]) -> dict[int, float]:
+    """Per width, the learning rate with the best mean IID accuracy over seeds."""
+    return {
+        k: max(
+            scale.practical_lrs,
+            key=lambda lr: np.mean(
+                [final_accuracy(runs[practical_key(k, lr, s, "iid")], scale) for s in scale.practical_seeds]
+            ),
+        )
+        for k in scale.multipliers
+    }
+
+
+def practical_table(scale: Scale, runs: dict[str, RunDir], lrs: dict[int, float]) -> dict:
+    """IID and non-IID accuracy at each width's tuned lr; the gap per seed (paired) with its 95%
+    t-interval over seeds."""
     result = {}
-    for k in scale.multipliers:
-        accuracy = {}
-        for split in ("iid", "non-iid"):
-            rows = runs[f"k{k}-{split}"].read_metrics()
-            accuracy[split] = float(np.mean([r["accuracy"] for r in rows[-scale.last_evals :]]))
-        result[k] = {**accuracy, "gap_points": 100 * (accuracy["iid"] - accuracy["non-iid"])}
+    for k, lr in lrs.items():
+        per_seed = {
+            split: [
+                final_accuracy(runs[practical_key(k, lr, s, split)], scale) for s in scale.practical_seeds
+            ]
+            for split in ("iid", "non-iid")
+        }
+        gaps = [100 * (a - b) for a, b in zip(per_seed["iid"], per_seed["non-iid"], strict=True)]
+        try:
+            ci = list(t_interval(gaps))
+        except IntervalError:
+            ci = None
+        result[k] = {
+            "lr": lr,
+            "iid": float(np.mean(per_seed["iid"])),
+            "non-iid": float(np.mean(per_seed["non-iid"])),
+            "gap_points": float(np.mean(gaps)),
+            "gap_ci": ci,
+            "gap_per_seed": gaps,
+        }
     return result
 
 
@@ -378,6 +422,7 @@ def plot_theory(scale: Scale, theory: dict, path: Path) -> Path:
 
 
 def plot_practical(scale: Scale, runs: dict[str, RunDir], practical: dict, path: Path) -> Path:
+    """Curves: seed 0 at each width's tuned lr. Gap: mean over seeds with its 95% interval."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -388,7 +433,7 @@ def plot_practical(scale: Scale, runs: dict[str, RunDir], practical: dict, path:
     for i, k in enumerate(scale.multipliers):
         color = cmap(i / max(1, len(scale.multipliers) - 1))
         for split, style in (("iid", "-"), ("non-iid", "--")):
-            rows = runs[f"k{k}-{split}"].read_metrics()
+            rows = runs[practical_key(k, practical[k]["lr"], scale.practical_seeds[0], split)].read_metrics()
             ax_curves.plot(
                 [r["round"] for r in rows],
                 [r["accuracy"] for r in rows],
@@ -400,7 +445,10 @@ def plot_practical(scale: Scale, runs: dict[str, RunDir], practical: dict, path:
     ax_curves.grid(alpha=0.3)
     ax_curves.legend(fontsize=7, ncol=2)
     ks = list(scale.multipliers)
-    ax_gap.plot(ks, [practical[k]["gap_points"] for k in ks], "o-", label="taciturn, Fashion-MNIST")
+    gaps = np.array([practical[k]["gap_points"] for k in ks])
+    cis = [practical[k]["gap_ci"] or [practical[k]["gap_points"]] * 2 for k in ks]
+    errors = np.array([gaps - [ci[0] for ci in cis], [ci[1] for ci in cis] - gaps])
+    ax_gap.errorbar(ks, gaps, yerr=errors, fmt="o-", capsize=3, label="taciturn, Fashion-MNIST (95% CI)")
     paper = [k for k in ks if k in PAPER_GAP]
     ax_gap.plot(paper, [PAPER_GAP[k] for k in paper], "s--", color="grey", label="Jian & Liu, MNIST (paper)")
     ax_gap.set(
@@ -421,6 +469,10 @@ def plot_practical(scale: Scale, runs: dict[str, RunDir], practical: dict, path:
 
 
 # ----- tables and docs -----
+def _gap_ci(row: dict) -> str:
+    return "n/a (one seed)" if row["gap_ci"] is None else f"[{row['gap_ci'][0]:.1f}, {row['gap_ci'][1]:.1f}]"
+
+
 def print_tables(scale: Scale, theory: dict, layers: dict, practical: dict) -> None:
     for tau in scale.taus:
         table = Table(title=f"Theory-faithful, tau = {tau}: means over seeds; slopes against width")
@@ -446,15 +498,17 @@ def print_tables(scale: Scale, theory: dict, layers: dict, practical: dict) -> N
         table.add_row(str(n), *(f"{v:.4f}" for v in row.values()))
     console.print(table)
     table = Table(title="Practical: IID minus Dirichlet(0.1) test accuracy")
-    for c in ("k", "hidden", "IID", "non-IID", "gap (points)", "paper, MNIST"):
+    for c in ("k", "hidden", "lr", "IID", "non-IID", "gap (points)", "95% CI", "paper, MNIST"):
         table.add_column(c, justify="right")
     for k, row in practical.items():
         table.add_row(
             str(k),
             str(200 * k),
+            str(row["lr"]),
             f"{row['iid']:.4f}",
             f"{row['non-iid']:.4f}",
             f"{row['gap_points']:.1f}",
+            _gap_ci(row),
             str(PAPER_GAP.get(k, "-")),
         )
     console.print(table)
@@ -529,19 +583,21 @@ def markdown(scale: Scale, theory: dict, layers: dict, practical: dict, command:
         f"Fashion-MNIST ({scale.practical_train} training images sampled by class, "
         f"{scale.practical_test} test), "
         "10 clients, Dirichlet(0.1) label split against IID, MLP 784-200k-10, cross-entropy, the authors' "
-        "SGD settings (lr 0.1, batch 64, weight decay 1e-4, gradient clip 60), 2 local epochs, full "
-        f"participation, {scale.practical_rounds} rounds, seed 0. Accuracy: mean of the last "
-        f"{scale.last_evals} evaluations (every {scale.practical_eval_every} rounds).",
+        "SGD settings (batch 64, weight decay 1e-4, gradient clip 60) with the learning rate tuned per "
+        f"width on IID data over {list(scale.practical_lrs)} (best mean IID accuracy over seeds), 2 local "
+        f"epochs, full participation, {scale.practical_rounds} rounds, seeds {list(scale.practical_seeds)}. "
+        f"Accuracy: mean of the last {scale.last_evals} evaluations (every {scale.practical_eval_every} "
+        "rounds); gap: IID minus non-IID per seed, mean and 95% t-interval over seeds.",
         "",
         "![practical](img/wide_fedavg_practical.png)",
         "",
-        "| k | hidden units | IID | Dirichlet(0.1) | gap (points) | paper, MNIST FNN_k |",
-        "|---|---|---|---|---|---|",
+        "| k | hidden units | lr | IID | Dirichlet(0.1) | gap (points) | 95% interval | paper, MNIST FNN_k |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for k, row in practical.items():
         lines.append(
-            f"| {k} | {200 * k} | {row['iid']:.4f} | {row['non-iid']:.4f} | {row['gap_points']:.1f} "
-            f"| {PAPER_GAP.get(k, '-')} |"
+            f"| {k} | {200 * k} | {row['lr']} | {row['iid']:.4f} | {row['non-iid']:.4f} | "
+            f"{row['gap_points']:.1f} | {_gap_ci(row)} | {PAPER_GAP.get(k, '-')} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -573,18 +629,30 @@ def main(argv: list[str] | None = None) -> int:
                 key = f"n{n}-tau{tau}-seed{seed}"
                 configs[key] = theory_config(n, tau, seed, scale)
                 theory_jobs.append((key, configs[key], out / "theory" / key))
-    practical_jobs = [
-        (f"k{k}-{split}", practical_config(k, split, scale), out / "practical" / f"k{k}-{split}")
-        for k in scale.multipliers
-        for split in ("iid", "non-iid")
-    ]
+
+    def practical_jobs(split: str, lrs: dict[int, tuple[float, ...]]) -> list:
+        return [
+            (
+                key := practical_key(k, lr, seed, split),
+                practical_config(k, split, scale, seed, lr),
+                out / "practical" / key,
+            )
+            for k in scale.multipliers
+            for lr in lrs[k]
+            for seed in scale.practical_seeds
+        ]
+
     console.rule("[bold]Wide FedAvg: theory-faithful")
     theory = theory_table(scale, run_all(theory_jobs, args.fresh), configs)
     console.rule("[bold]Wide FedAvg: divergence by layer")
     layers = layer_divergence(scale, out / "layers")
     console.rule("[bold]Wide FedAvg: practical")
-    practical_runs = run_all(practical_jobs, args.fresh)
-    practical = practical_table(scale, practical_runs)
+    practical_runs = run_all(
+        practical_jobs("iid", dict.fromkeys(scale.multipliers, scale.practical_lrs)), args.fresh
+    )
+    lrs = tuned_lrs(scale, practical_runs)
+    practical_runs |= run_all(practical_jobs("non-iid", {k: (lr,) for k, lr in lrs.items()}), args.fresh)
+    practical = practical_table(scale, practical_runs, lrs)
     print_tables(scale, theory, layers, practical)
 
     images = ROOT / "docs" / "img" if not args.quick else out
@@ -595,6 +663,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {
         "slopes": {k: theory["slopes"][tau][k] for k in ("output_rmse", "divergence", "ntk_change")},
         "gap_points": {str(k): row["gap_points"] for k, row in practical.items()},
+        "gap_ci": {str(k): row["gap_ci"] for k, row in practical.items()},
         "slopes_by_tau": theory["slopes"],
         "slope_ci": {k: theory["slope_ci"][tau][k] for k in THEORY_QUANTITIES},
         "slope_ci_by_tau": theory["slope_ci"],

@@ -47,3 +47,30 @@ def test_the_shipped_wide_config_is_the_benchmark_s_theory_setting():
     for part in ("data", "partition", "model", "algorithm", "analysis"):
         assert getattr(shipped, part) == getattr(bench, part), part
     assert shipped.loss == bench.loss and shipped.rounds == bench.rounds
+
+
+def test_practical_gap_uses_the_lr_tuned_on_iid_and_a_t_interval_over_seeds():
+    import dataclasses
+    import math
+
+    class Finished:  # a run directory whose last evaluation has this accuracy
+        def __init__(self, accuracy):
+            self.accuracy = accuracy
+
+        def read_metrics(self):
+            return [{"accuracy": 0.0}, {"accuracy": self.accuracy}]
+
+    scale = dataclasses.replace(
+        wide_fedavg.QUICK, multipliers=(1,), practical_seeds=(0, 1, 2), practical_lrs=(0.1, 0.3), last_evals=1
+    )
+    key = wide_fedavg.practical_key
+    runs = {key(1, 0.1, s, "iid"): Finished(0.8) for s in range(3)}
+    runs |= {key(1, 0.3, s, "iid"): Finished(a) for s, a in enumerate((0.9, 0.85, 0.95))}
+    assert wide_fedavg.tuned_lrs(scale, runs) == {1: 0.3}
+    runs |= {key(1, 0.3, s, "non-iid"): Finished(0.8) for s in range(3)}
+    row = wide_fedavg.practical_table(scale, runs, {1: 0.3})[1]
+    assert row["gap_per_seed"] == pytest.approx([10.0, 5.0, 15.0])
+    half = 4.30265 * 5 / math.sqrt(3)  # s = 5 over 3 seeds, t_{0.975, 2} = 4.30265
+    assert row["gap_points"] == pytest.approx(10.0) and row["gap_ci"] == pytest.approx(
+        [10 - half, 10 + half], abs=1e-4
+    )
