@@ -28,6 +28,7 @@ class Fake:
         self.name, self.clock, self.seconds = name, clock, list(seconds)
         self.pipeline = None
         self.rounds: list[int] = []
+        self.commits: list[int] = []
         self.closed = False
 
     def serve(self, round, clients, downlink, spec):
@@ -35,6 +36,11 @@ class Fake:
         self.clock.now += self.seconds[len(self.rounds)] * len(clients)
         self.rounds.append(round)
         return RoundPart(accumulated=None)
+
+    def commit(self, round, accepted):
+        assert not self.closed, f"{self.name} got round {round}'s commit after it was closed"
+        assert self.rounds[-1] == round, f"{self.name} got round {round}'s commit but did not serve it"
+        self.commits.append(round)
 
     def close(self):
         self.closed = True
@@ -46,6 +52,7 @@ def trial(a_seconds, b_seconds, rounds=8):
     executor = TrialExecutor(a, b, work=lambda clients: float(len(clients)), clock=clock)
     for r in range(1, rounds + 1):
         executor.serve(r, list(range(r % 3 + 2)), {}, {})  # rounds of 2, 3 or 4 clients
+        executor.commit(r, [0])  # as the Federation does after aggregating
     return executor, a, b
 
 
@@ -53,7 +60,15 @@ def test_candidates_alternate_then_the_faster_per_unit_of_work_serves_the_rest()
     # the parallel one's first round carries the fork (5.0 s a client); its best round (0.5) wins
     executor, a, b = trial([1.0] * 8, [5.0, 0.5] + [0.5] * 6)
     assert a.rounds == [1, 3] and b.rounds == [2, 4, 5, 6, 7, 8]
+    assert a.commits == a.rounds and b.commits == b.rounds  # each round's state where it was staged
     assert a.closed and not b.closed and executor.kept is b and executor.name == "parallel"
+
+
+def test_a_losing_challenger_is_closed_only_after_its_last_round_is_committed():
+    executor, a, b = trial([1.0] * 8, [2.0] * 8, rounds=4)
+    assert b.rounds == [2, 4] and b.commits == [2, 4] and not b.closed  # round 4's state is stored
+    executor.serve(5, [0, 1], {}, {})
+    assert b.closed and a.rounds == [1, 3, 5]
 
 
 def test_a_challenger_inside_the_margin_loses_and_is_closed():
@@ -72,6 +87,7 @@ def test_rounds_of_different_sizes_compare_per_unit_of_work():
     for r in range(1, 5):
         executor.serve(r, list(range(sizes[r])), {}, {})
     assert clock.now == pytest.approx(2 + 4 * 0.9 + 2 + 4 * 0.9)
+    executor.serve(5, [0], {}, {})  # decides before serving round 5
     assert executor.kept is b  # 0.9 s against 1.0 s a client, though its rounds took 3.6 s against 2
 
 

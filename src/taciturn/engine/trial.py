@@ -47,18 +47,26 @@ class TrialExecutor(Executor):
         self.clock = clock
         self.seconds_per_unit: tuple[list[float], list[float]] = ([], [])
         self.kept: Executor | None = None
+        self.last: Executor = incumbent  # served the latest round: its commit goes there
         self.name = f"auto ({incumbent.name} or {challenger.name})"
 
     def serve(self, round, clients, downlink, spec) -> RoundPart:
+        if self.kept is None and all(len(times) >= TRIAL_ROUNDS for times in self.seconds_per_unit):
+            self._decide()  # only now: the last trial round's commit has reached its executor
         if self.kept is not None:
+            self.last = self.kept
             return self.kept.serve(round, clients, downlink, spec)
-        turn = sum(len(times) for times in self.seconds_per_unit) % 2
+        self.last = self.candidates[sum(len(times) for times in self.seconds_per_unit) % 2]
         started = self.clock()
-        part = self.candidates[turn].serve(round, clients, downlink, spec)
-        self.seconds_per_unit[turn].append((self.clock() - started) / max(self.work(clients), 1e-12))
-        if all(len(times) >= TRIAL_ROUNDS for times in self.seconds_per_unit):
-            self._decide()
+        part = self.last.serve(round, clients, downlink, spec)
+        self.seconds_per_unit[self.candidates.index(self.last)].append(
+            (self.clock() - started) / max(self.work(clients), 1e-12)
+        )
         return part
+
+    def commit(self, round: int, accepted: Sequence[int]) -> None:
+        """The clients' staged state is where the round ran (workers, or this process)."""
+        self.last.commit(round, accepted)
 
     def _decide(self) -> None:
         incumbent, challenger = self.candidates
