@@ -9,7 +9,7 @@
      * ``chunked_truncated_normal`` / ``chunked_uniform``: algorithms/shared_bases.py, K_l slots
        drawn 64K elements at a time into one buffer, one matrix-vector product per chunk;
    then the server's reconstruction (``chunked_uniform``) and a cached catch-up (one add).
-   Repetitions are interleaved; the table gives the median and the range.
+   After one untimed warm-up, repetitions are interleaved; the table gives the median and range.
 2. Noise of the aggregate (1/N) sum_i Delta~_i against mean_i Delta_i, relative squared error, for
    shared bases and per-client seeds (algorithms/ferret.py), N clients with identical,
    orthogonal or partly shared updates; mean over draws with a 95% t-interval beside the formula.
@@ -103,6 +103,8 @@ def pass_costs(layers: int, vocab: int, K: int, repeats: int) -> dict:
         ),
         "catch-up from the cache": lambda: apply_pieces(params, blocks, cache.get(1), -1.0),
     }
+    for fn in work.values():  # warm-up, untimed: first-touch allocations, rho_l per block size
+        fn()
     seconds = {name: [] for name in work}
     for _ in range(repeats):  # interleaved, so that a change in the machine's load hits every method
         for name, fn in work.items():

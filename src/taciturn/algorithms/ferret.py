@@ -105,7 +105,9 @@ class FerretConfig(AlgorithmConfig):
         "up to N times the noise); per_client: each client its own (Alg. 1; N reconstructions a round)",
     )
     replay_cache_mib: int = Field(
-        1024, ge=0, description="memory cap of the reconstructed rounds kept for simulated catch-up"
+        1024,
+        ge=0,
+        description="memory cap (per process) of the reconstructed rounds kept for simulated catch-up",
     )
 
 
