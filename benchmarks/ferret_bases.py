@@ -225,7 +225,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
     if args.quick:
-        results = {"scale": "smoke", "pass": pass_costs(layers=2, vocab=8192, K=16, repeats=3)}
+        results = {"scale": "smoke", "pass": pass_costs(layers=2, vocab=8192, K=16, repeats=5)}
         setting = {"d": 1024, "K": 16, "clients": (2, 8), "draws": 30}
     else:
         results = {"scale": "full", "pass": pass_costs(layers=30, vocab=49152, K=16, repeats=5)}
