@@ -94,13 +94,15 @@ def dropped_uplinks(config) -> set[tuple[int, int]]:
     return lost
 
 
-def test_a_lost_reply_is_a_dropped_uplink(tmp_path):
-    """Lose exactly the replies the simulation's Channel drops: the model trains identically."""
-    lossy = tiny_config(rounds=5, algorithm=ALGORITHMS["fedavg"], channel={"drop_up": 0.3})
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
+def test_a_lost_reply_is_a_dropped_uplink(tmp_path, algorithm):
+    """Lose exactly the replies the simulation's Channel drops: the model trains identically, and
+    SCAFFOLD's clients whose reply was lost keep their state (the acceptance rule on both sides)."""
+    lossy = tiny_config(rounds=5, algorithm=ALGORITHMS[algorithm], channel={"drop_up": 0.3})
     lost = dropped_uplinks(lossy)
     assert 0 < len(lost) < 10
     simulated = start(lossy, tmp_path / "simulated", progress=False)
-    deployed, _ = deploy(tiny_config(rounds=5, algorithm=ALGORITHMS["fedavg"]), tmp_path, lose=lost)
+    deployed, _ = deploy(tiny_config(rounds=5, algorithm=ALGORITHMS[algorithm]), tmp_path, lose=lost)
     traffic = ("bytes_up", "bytes_down", "messages_up", "delivered_up", "delivered_down", "wall_s")
     assert rows(deployed, traffic) == rows(simulated, traffic)
     down = {(int(r["round"]), int(r["client"])): r for r in ledger(deployed) if r["direction"] == "down"}
@@ -197,3 +199,16 @@ def test_a_node_down_for_two_rounds_catches_up_with_its_persisted_state(tmp_path
         never_down = NodeStateStore(tmp_path / "steady" / "node2").get(client)
         assert restarted.keys() == never_down.keys()
         assert all(torch.equal(restarted[k], never_down[k]) for k in restarted)
+
+
+def test_report_and_compare_read_a_deployed_run_like_a_simulated_one(tmp_path):
+    from taciturn.experiments import types
+
+    config = tiny_config(rounds=2, algorithm=ALGORITHMS["fedavg"])
+    deployed, _ = deploy(config, tmp_path)
+    simulated = types.start(config, tmp_path / "simulated", progress=False)
+    assert (deployed.path / "report.html").exists()  # the ServerApp writes it, as `taciturn run` does
+    _, table = types.compare([deployed, simulated], tmp_path / "compare")
+    by_run = list(table.values())
+    assert len(by_run) == 2 and by_run[0]["MB up"] == by_run[1]["MB up"]
+    assert by_run[0]["final accuracy"] == by_run[1]["final accuracy"]
