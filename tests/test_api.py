@@ -241,3 +241,14 @@ def test_divergence_rules():
     assert divergence([{"round": 0, "loss": 1.0}, {"round": 1, "loss": 9.9}]) is None
     assert "over 10x" in divergence([{"round": 0, "loss": 1.0}, {"round": 3, "loss": 10.5}])
     assert "is nan at round 2" in divergence([{"round": 0, "loss": 1.0}, {"round": 2, "loss": float("nan")}])
+
+
+def test_the_report_counts_the_lowest_loss_as_best():
+    from taciturn.report.html import summary
+
+    rows = [
+        {"round": r, "loss": loss, "bytes_up": 0, "bytes_down": 0, "messages_up": 0, "messages_down": 0}
+        | {"delivered_up": 0, "delivered_down": 0, "rejected": 0, "failed": 0, "wall_s": 0.0}
+        for r, loss in enumerate([2.0, 0.5, 0.7])
+    ]
+    assert summary(rows, "loss")["best loss"] == "0.5000 (round 1)"

@@ -51,7 +51,7 @@ def summary(rows: list[dict], metric: str = "accuracy") -> dict:
     if not rows:
         return {}
     last = rows[-1]
-    best = max(rows, key=lambda r: r[metric])
+    best = (min if metric == "loss" else max)(rows, key=lambda r: r[metric])  # a loss is best when lowest
     return {
         "rounds": last["round"],
         f"final {metric}": round(last[metric], 4),
