@@ -254,3 +254,19 @@ def test_a_fedq_run_refuses_an_edited_mdp(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=MDP_FILE):
         types.resume(run.path, report=False, progress=False)
+
+
+def test_a_damaged_bandits_run_is_a_clean_report_error(tmp_path, capsys):
+    from taciturn.experiments.bandits_config import BanditsConfig
+    from taciturn.experiments.config import validate
+
+    tree = {"type": "bandits", "name": "b", "repetitions": 1, "horizon": 40, "record_every": 20}
+    tree["environment"] = {"num_agents": 3, "num_arms": 4, "dim": 2, "num_clusters": 1}
+    run = RunDir(tmp_path / "b")
+    types.start(validate(tree, "<test>", BanditsConfig), run.path, report=False, progress=False)
+    lines = run.metrics.read_text().splitlines()
+    lines[-1] = lines[-1].replace('"regret": [', '"regret": ["x", ', 1)
+    run.metrics.write_text("\n".join(lines) + "\n")
+    assert main(["report", str(run.path)]) == 2
+    err = capsys.readouterr().err
+    assert "damaged and cannot be reported" in err and "Traceback" not in err

@@ -8,17 +8,19 @@ All of them write the same run directory.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
+from taciturn.core.errors import TaciturnError
 from taciturn.experiments.config import ConfigError, read_tree, validate
-from taciturn.report.rundir import RunDir, check_comparison_folder
+from taciturn.report.rundir import RunDir, RunDirError, check_comparison_folder
 
 
 @dataclass(frozen=True)
@@ -146,8 +148,22 @@ def resume(path: Path, report: bool = True, **options: Any) -> RunDir:
 
 
 def report(rundir: RunDir) -> Path:
-    with rundir.lock():
+    with rundir.lock(), _damaged(str(rundir.path)):
         return _type_of_run(rundir).report(rundir)
+
+
+@contextlib.contextmanager
+def _damaged(what: str) -> Iterator[None]:
+    """A report rebuilt from files that taciturn wrote fails only if they were damaged since: say so.
+    (The federated report checks every field itself; this covers the other types' readers.)"""
+    try:
+        yield
+    except TaciturnError:
+        raise
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
+        raise RunDirError(
+            f"{what}: the run's files are damaged and cannot be reported ({type(error).__name__}: {error})"
+        ) from None
 
 
 def compare(rundirs: list[RunDir], out: Path) -> tuple[Path, dict[str, dict]]:
@@ -160,7 +176,8 @@ def compare(rundirs: list[RunDir], out: Path) -> tuple[Path, dict[str, dict]]:
     kind = TYPES[next(iter(names.values()))]()
     if kind.compare is None:
         raise ConfigError(f"`taciturn compare` does not support {next(iter(names.values()))} runs yet")
-    return kind.compare(rundirs, out)
+    with _damaged(", ".join(str(r.path) for r in rundirs)):
+        return kind.compare(rundirs, out)
 
 
 def headline(rundir: RunDir) -> str:
