@@ -337,3 +337,25 @@ def test_variable_length_uplinks_validate_against_none_dimensions():
         {"counts": np.array([2, 2, 2], np.uint16), "coords": np.zeros(5, np.float32)}, {"num_samples": 1}
     )
     assert "announced" in algorithm.check_uplink_meta(lying)
+
+
+def test_blocks_on_threads_give_the_numbers_of_one_thread(monkeypatch):
+    from taciturn.algorithms import shared_bases
+
+    params = tiny_params(width=300)
+    blocks = group_blocks(params)
+    counts = [4, 3, 2]
+    assert len(blocks) == 3  # w1; b1; w2
+    bases = Bases(Streams(6), "uniform")
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n_threads, work in ((1, 1 << 40), (2, 0)):  # serial, then every block on a thread pool
+            torch.set_num_threads(n_threads)
+            monkeypatch.setattr(shared_bases, "PARALLEL_WORK", work)
+            coords = bases.project(params, blocks, counts, 1, SERVER)
+            results.append((coords, bases.reconstruct(blocks, [Contribution(SERVER, counts, coords)], 1)))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(results[0][0], results[1][0])
+    assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1], strict=True))
