@@ -34,12 +34,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 DEMO_CONFIGS = ("demo.toml", "demo_event_admm.toml")  # FedAvg, then event-based ADMM, same workload
 DEMO_NOTE = (
-    "FedAvg (every agent, every round) and event-based ADMM (rho = 0.1, constant Delta) ran the same "
-    "rounds on 10 agents that each hold one Fashion-MNIST class. Event-based ADMM computes as much "
-    "per round but an agent speaks only when its x_i + u_i moved by Delta: where its curve lies left "
-    "of FedAvg's it reached that accuracy with fewer bytes, where it lies right or below it lost. "
-    "One seed; the fair comparison (equal tuning budgets, 3 seeds, 95% intervals) is "
-    "benchmarks/event_admm.py."
+    "FedAvg (every agent, every round) and event-based ADMM (rho = 0.1, constant Delta, not "
+    "tuned) ran the same rounds on 10 agents that each hold one Fashion-MNIST class. Event-based "
+    "ADMM computes as much per round but an agent speaks only when its x_i + u_i moved by Delta: "
+    "where its curve lies left of FedAvg's it reached that accuracy with fewer bytes, where it "
+    "lies right or below it lost. One seed; the fair comparison (equal tuning budgets, 3 seeds, "
+    "95% intervals) is benchmarks/event_admm.py."
 )
 
 
