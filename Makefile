@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install data demo test soak lint clean
+.PHONY: install data demo test soak lint clean mutation
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ soak: data
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# Mutation testing (tools/mutation.py, scores in docs/mutation.md): CPU-heavy, not part of test.
+mutation: $(STAMP)
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[mutation]'
+	$(BIN)/python tools/mutation.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

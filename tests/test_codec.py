@@ -1,3 +1,5 @@
+import struct
+
 import numpy as np
 import pytest
 import safetensors.numpy
@@ -123,3 +125,23 @@ def test_ledger_bytes_equal_encoded_sizes(batch):
     assert ledger.totals(Direction.UP).bytes_sent == sum(sizes)
     assert [row["bytes_sent"] for row in ledger.rows()] == sizes
     assert ledger.totals(Direction.DOWN).bytes_sent == 0
+
+
+def test_decode_errors_name_what_is_wrong_and_foreign_safetensors_have_empty_metadata():
+    blob = encode(Message({"a": np.arange(3, dtype=">i4")}, {"k": 1}))
+    decoded = decode(blob)
+    assert decoded.arrays["a"].dtype == np.dtype("<i4") and decoded.arrays["a"].tolist() == [0, 1, 2]
+    with pytest.raises(CodecError, match=r"^a message is at least 8 bytes \(the header length\), got 7$"):
+        decode(blob[:7])
+    (header,) = struct.unpack("<Q", blob[:8])
+    with pytest.raises(
+        CodecError, match=rf"^header length {header} exceeds the {header - 1} bytes that follow$"
+    ):
+        decode(blob[: 8 + header - 1])
+    with pytest.raises(CodecError, match=r"^cannot decode message: "):
+        decode(blob[:-1])  # a whole header, truncated data
+    foreign = safetensors.numpy.save({"a": np.ones(2, np.float32)})  # no taciturn metadata at all
+    assert decode(foreign).meta == {}
+    listed = safetensors.numpy.save({"a": np.ones(2, np.float32)}, metadata={"taciturn": "[1]"})
+    with pytest.raises(CodecError, match=r"^cannot decode message: "):  # metadata must be an object
+        decode(listed)
