@@ -244,3 +244,57 @@ def test_resume_of_a_batchnorm_model_ends_with_the_numbers_of_an_uninterrupted_r
     resumed = taciturn.resume(tmp_path / "cut", model=bn_mlp(), data=data, report=False)
     assert metrics_without_time(RunDir(resumed.dir)) == metrics_without_time(RunDir(whole.dir))
     assert torch.equal(resumed.model[1].running_var, whole.model[1].running_var)
+
+
+@pytest.mark.parametrize("executor", ["sequential", "parallel"])
+def test_local_buffers_stay_with_each_client_and_the_server_keeps_its_own(tmp_path, executor):
+    """FedBN (model.buffers = "local"): one full-batch step per client from the initial statistics.
+    Each client's stored running statistics are what torch's BatchNorm1d computes on its own batch
+    at the start weights; nothing of them is averaged, so the server's stay the initial ones."""
+    from taciturn.core.disk_store import DiskStateStore
+    from taciturn.core.state_store import MemoryStateStore
+
+    x, y = two_classes()
+    config = {
+        "rounds": 1,
+        "partition": {"kind": "one_class", "num_clients": 2},  # client k holds class k
+        "algorithm": {"fraction": 1.0, "local": {"steps": 1, "batch_size": 1000, "lr": 0.1}},
+        "engine": {"executor": executor, "workers": 2},  # parallel: states shared on disk
+        "model": {"buffers": "local"},
+    }
+    start = bn_mlp()
+    result = taciturn.run(
+        config, model=start, data=(x, y, x[:10], y[:10]), out=tmp_path / "run", report=False
+    )
+    (checkpoint,) = (p.parent for p in (tmp_path / "run").rglob("server.safetensors"))
+    store = MemoryStateStore() if executor == "sequential" else DiskStateStore(tmp_path / "s.bin", 2)
+    store.load(checkpoint)
+    for k in (0, 1):
+        state = store.get(k)
+        reference = bn_mlp()[:2].train()
+        with torch.no_grad():
+            reference(x[y == k])
+        assert torch.allclose(state["1.running_mean"], reference[1].running_mean, atol=1e-6)
+        assert torch.allclose(state["1.running_var"], reference[1].running_var, atol=1e-6)
+    trained = result.model
+    assert torch.equal(trained[1].running_mean, start[1].running_mean)  # zeros: the server's own
+    assert torch.equal(trained[1].running_var, start[1].running_var)
+    assert not torch.equal(trained[0].weight, start[0].weight)  # the weights were still averaged
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"algorithm": {"name": "scaffold"}}, r"'scaffold' cannot federate a model with buffers"),
+        ({"engine": {"executor": "vectorized"}}, r"'vectorized' trains clients under vmap"),
+    ],
+)
+def test_local_buffers_refuse_what_cannot_keep_them_before_work(tmp_path, overrides, message):
+    x, y = two_classes()
+    config = {"rounds": 1, "partition": {"kind": "iid", "num_clients": 2}, "model": {"buffers": "local"}}
+    with pytest.raises(ConfigError, match=message):
+        taciturn.run(config | overrides, model=bn_mlp(), data=(x, y, x, y), out=tmp_path / "r", report=False)
+    plain = nn.Sequential(nn.Linear(5, 2))
+    with pytest.raises(ConfigError, match=r"\[model.buffers\] 'local' needs a model with buffers"):
+        taciturn.run(config, model=plain, data=(x, y, x, y), out=tmp_path / "r", report=False)
+    assert not (tmp_path / "r").exists()

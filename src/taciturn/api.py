@@ -7,8 +7,9 @@ report) and take the user's own objects besides the config::
     result.dir, result.metrics, result.model
 
 A config is a dict or a TOML path. Objects replace config keys: ``model=`` stands for the
-[model] table, ``data=`` for [data], ``loss=`` for ``loss``; giving both is an error. The run
-directory records them as ``kind = "python"``, so resuming needs them again.
+[model] table (which may still set ``buffers``), ``data=`` for [data], ``loss=`` for ``loss``;
+giving both is an error. The run directory records them as ``kind = "python"``, so resuming
+needs them again.
 """
 
 from __future__ import annotations
@@ -64,12 +65,13 @@ def _place(tree: dict, source: str, objects: UserObjects) -> dict:
         if value is None:
             continue
         given = tree.get(table, {})
-        if not isinstance(given, dict) or set(given) - {tag, "name"} or given.get(tag, "python") != "python":
+        allowed = {tag, "name", "buffers"} if table == "model" else {tag, "name"}
+        if not isinstance(given, dict) or set(given) - allowed or given.get(tag, "python") != "python":
             raise ConfigError(
                 f"invalid config {source}:\n  [{table}] is given twice: by {table}= and by the config; "
                 f"leave the [{table}] table out when you pass {table}="
             )
-        tree[table] = {tag: "python", "name": _describe(value)}
+        tree[table] = given | {tag: "python", "name": _describe(value)}
     if objects.loss is not None:
         if tree.get("loss", "python") != "python":
             raise ConfigError(

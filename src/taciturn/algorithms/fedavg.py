@@ -7,6 +7,14 @@ Clients here send the delta w^k - w_t (same bytes) so that the server can take a
 w_{t+1} = w_t + eta_s * sum_k (n_k / n) (w^k - w_t) with a server learning rate eta_s
 (Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Alg. 1 with server SGD);
 eta_s = 1 is the paper's FedAvg exactly.
+
+FedBN (Li, Jiang, Zhang, Kamp, Dou, "FedBN: Federated Learning on Non-IID Features via Local Batch
+Normalization", ICLR 2021, Algorithm 1): with ``keep_buffers_local`` the BatchNorm statistics named
+there never travel up and are not averaged. Each client keeps its own in its client state (staged,
+stored when the server accepts its update) and starts local training from them; a client's first
+round starts from the broadcast, i.e. the server's initial statistics, which the server keeps
+unchanged. The global model is then evaluated with those initial statistics, whereas FedBN's paper
+evaluates each client's model with its own.
 """
 
 from __future__ import annotations
@@ -63,6 +71,15 @@ class FedAvg(Algorithm):
     averages_buffers = True  # w_{t+1} averages every tensor: BatchNorm statistics sample-weighted too
     delta_prefix = ""
 
+    def __init__(self, config: FedAvgConfig):
+        super().__init__(config)
+        self.local_buffers: frozenset[str] = frozenset()  # kept per client (FedBN), never sent up
+
+    def keep_buffers_local(self, names: frozenset[str]) -> None:
+        """FedBN: the named buffers stay with each client (its client state) instead of being averaged."""
+        self.local_buffers = frozenset(names)
+        self.keeps_client_state = bool(names)
+
     def init_server(self, params: Params, num_clients: int) -> FedAvgState:
         return FedAvgState(clone(params))
 
@@ -71,7 +88,7 @@ class FedAvg(Algorithm):
         return dict.fromkeys(clients, broadcast)
 
     def uplink_spec(self, state: FedAvgState) -> dict[str, ArraySpec]:
-        return specs_of(state.params)
+        return specs_of({n: p for n, p in state.params.items() if n not in self.local_buffers})
 
     def check_uplink_meta(self, message: Message) -> str | None:
         return positive_count(message, "num_samples")
@@ -79,11 +96,18 @@ class FedAvg(Algorithm):
     def client_begin(self, ctx: ClientContext) -> LocalTraining | ClientOutput:
         if ctx.received is None:  # the broadcast was lost: nothing to train from, stay silent
             return ClientOutput(uplink=None)
-        return LocalTraining(params=ctx.received.tensors(), consts={})
+        params = ctx.received.tensors()
+        if self.local_buffers and ctx.state is not None:  # FedBN: the client's own statistics
+            params |= {n: ctx.state[n] for n in self.local_buffers}
+        return LocalTraining(params=params, consts={})
 
     def client_end(self, ctx: ClientContext, work: LocalTraining, result: TrainResult) -> ClientOutput:
         delta = result.change(work.params)
-        return ClientOutput(Message.from_tensors(delta, num_samples=ctx.num_samples, **loss_meta(result)))
+        uplink = {n: d for n, d in delta.items() if n not in self.local_buffers}
+        state = {n: result.params[n] for n in self.local_buffers} if self.local_buffers else None
+        return ClientOutput(
+            Message.from_tensors(uplink, num_samples=ctx.num_samples, **loss_meta(result)), state
+        )
 
     def accumulate(self, arrivals: Sequence[Arrival]) -> WeightedDeltas:
         total = weighted_sum((a.message.meta["num_samples"], a.message.tensors()) for a in arrivals)
@@ -98,7 +122,8 @@ class FedAvg(Algorithm):
         if accumulated.total is None:  # nothing arrived
             return state
         mean_delta = {k: v / accumulated.weight for k, v in accumulated.total.items()}
-        return FedAvgState(add(state.params, mean_delta, self.config.server_lr))
+        stepped = add({k: state.params[k] for k in mean_delta}, mean_delta, self.config.server_lr)
+        return FedAvgState(state.params | stepped)  # FedBN: local buffers were not sent, the server's stay
 
     def global_params(self, state: FedAvgState) -> Params:
         return state.params

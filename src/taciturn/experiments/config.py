@@ -290,7 +290,15 @@ class HfModel(StrictModel):
     max_length: int = Field(128, ge=2, description="tokens per text (truncated or padded)")
 
 
-class FactoryModel(StrictModel):
+class BufferOptions(StrictModel):
+    buffers: Literal["federated", "local"] = Field(
+        "federated",
+        description="BatchNorm running statistics: averaged sample-weighted with the weights "
+        "('federated'), or kept by each client and never sent ('local': FedBN, Li et al., ICLR 2021)",
+    )
+
+
+class FactoryModel(BufferOptions):
     """Your own nn.Module, built by a function named by its import path (called with a seeded
     global RNG, so the same seed starts from the same weights). Its weights are round 0's model."""
 
@@ -299,7 +307,7 @@ class FactoryModel(StrictModel):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the factory")
 
 
-class PythonModel(StrictModel):
+class PythonModel(BufferOptions):
     """An nn.Module handed to ``taciturn.run(model=...)``; resuming needs it again."""
 
     kind: Literal["python"]

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from taciturn.algorithms import Algorithm, build_algorithm
+from taciturn.algorithms.fedavg import FedAvg
 from taciturn.attacks.label_flip import flip_labels
 from taciturn.attacks.poisoning import pick_attackers
 from taciturn.core.channel import Channel
@@ -226,6 +227,17 @@ def _dataset(config: RunConfig, streams: Streams, objects: UserObjects) -> Array
         raise ConfigError(f"[data] {error}") from None
 
 
+def keep_buffers_local(algorithm: Algorithm, task: Task, deployed: bool) -> None:
+    """``model.buffers = "local"``: FedBN (Li et al., ICLR 2021) through FedAvg's client state."""
+    if not getattr(task, "buffers", None):
+        raise ConfigError("[model.buffers] 'local' needs a model with buffers (BatchNorm statistics)")
+    if not isinstance(algorithm, FedAvg):
+        raise ConfigError(f"[model.buffers] 'local' (FedBN) runs with 'fedavg', not '{algorithm.name}'")
+    if deployed:
+        raise ConfigError("[model.buffers] 'local' is not supported by deployed runs yet; use 'federated'")
+    algorithm.keep_buffers_local(task.buffers)
+
+
 def prepare(
     config: RunConfig,
     out: Path,
@@ -248,6 +260,8 @@ def prepare(
         )
     if getattr(task, "buffers", None) and config.analysis.enabled:
         raise ConfigError("[analysis] does not handle models with buffers (BatchNorm statistics) yet")
+    if getattr(config.model, "buffers", "federated") == "local":
+        keep_buffers_local(algorithm, task, remote is not None)
     ledger = ledger or Ledger()
     channel = Channel(ledger, streams, config.channel.drop_up, config.channel.drop_down)
     federation, store, engine_note = build_federation(
