@@ -112,3 +112,24 @@ def test_bad_privacy_configs_fail_before_work():
         tiny_config(privacy={"enabled": True, "noise_multiplier": 1.0}, aggregation={"kind": "median"})
     with pytest.raises(ConfigError, match="fedavg, fedprox or scaffold"):
         tiny_config(algorithm={"name": "fedadmm"}, privacy={"enabled": True, "noise_multiplier": 1.0})
+
+
+def test_central_dp_releases_its_noise_even_when_no_update_arrives(tmp_path):
+    from taciturn.core.params import flatten, sub
+    from taciturn.core.rng import SERVER
+    from taciturn.experiments.runner import prepare
+
+    config = tiny_config(
+        algorithm={"name": "fedavg", "fraction": 0.5},
+        channel={"drop_up": 1.0},
+        privacy={"enabled": True, "noise_multiplier": 1.3, "clip": 0.5},
+    )
+    exp = prepare(config, tmp_path)
+    state = exp.algorithm.init_server(exp.task.init_params(exp.streams.torch(0, SERVER, "init")), 8)
+    new, report = exp.federation.run_round(state, 1)
+    assert report.accepted == []
+    names = sorted(state.params)
+    moved = flatten({n: sub(new.params, state.params)[n] for n in names}).double()
+    d = moved.numel()
+    noise = torch.randn(d, generator=exp.streams.torch(1, SERVER, "server-chain"), dtype=torch.float64)
+    torch.testing.assert_close(moved, (noise * 1.3 * 0.5 / 4.0).float().double(), rtol=1e-5, atol=1e-6)

@@ -130,8 +130,9 @@ def test_fedavg_with_the_median_moves_the_model_by_the_median_delta():
         Arrival(c, message(w, n))
         for c, (w, n) in enumerate([([1.0, 0.0], 5), ([2.0, 1.0], 1), ([1e6, -1e6], 9)])
     ]
-    standing, _, _ = chain.apply(1, arrivals)
-    state = algorithm.aggregate(FedAvgState({"w": torch.zeros(2)}), 1, algorithm.accumulate(standing))
+    state = FedAvgState({"w": torch.zeros(2)})
+    standing, _, _ = chain.apply(1, arrivals, algorithm.uplink_spec(state))
+    state = algorithm.aggregate(state, 1, algorithm.accumulate(standing))
     torch.testing.assert_close(state.params["w"], torch.tensor([2.0, 0.0]))
 
 
@@ -144,10 +145,9 @@ def test_scaffold_chain_combines_dy_and_keeps_the_weighted_dc():
         Arrival(1, message([2.0], 30, dc=[2.0])),
         Arrival(2, message([9.0], 60, dc=[4.0])),
     ]
-    standing, _, _ = chain.apply(1, arrivals)
-    state = algorithm.aggregate(
-        algorithm.init_server({"w": torch.zeros(1)}, 10), 1, algorithm.accumulate(standing)
-    )
+    state = algorithm.init_server({"w": torch.zeros(1)}, 10)
+    standing, _, _ = chain.apply(1, arrivals, algorithm.uplink_spec(state))
+    state = algorithm.aggregate(state, 1, algorithm.accumulate(standing))
     torch.testing.assert_close(state.params["w"], torch.tensor([2.0]))
     torch.testing.assert_close(
         state.control["w"], torch.tensor([0.1 * 1 + 0.3 * 2 + 0.6 * 4])

@@ -70,7 +70,8 @@ class Federation:
             chosen = np.flatnonzero(rng.random(self.data.num_clients) < self.poisson_rate)
         selected = [int(c) for c in chosen]
         downlink = algorithm.downlink(state, round, selected)
-        part = self.executor.serve(round, selected, downlink, algorithm.uplink_spec(state))
+        spec = algorithm.uplink_spec(state)
+        part = self.executor.serve(round, selected, downlink, spec)
         report = RoundReport(
             round,
             selected,
@@ -83,7 +84,7 @@ class Federation:
         )
         accumulated, chain_state = part.accumulated, None
         if self.aggregation is not None:  # the chain's result stands for all the round's updates
-            standing, chain_state, report.server_info = self.aggregation.apply(round, accumulated)
+            standing, chain_state, report.server_info = self.aggregation.apply(round, accumulated, spec)
             accumulated = algorithm.accumulate(standing)
         new_state = algorithm.aggregate(state, round, accumulated)
         applied = report.accepted

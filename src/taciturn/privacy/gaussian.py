@@ -22,6 +22,8 @@ from taciturn.server.transform import Info, ServerTransform, State, Updates
 
 
 class GaussianSum(ServerTransform):
+    releases_without_input = True  # noise / (q N) even in a round that sampled nobody
+
     def __init__(self, noise_multiplier: float, clip: float, expected_clients: float):
         self.z, self.clip, self.expected = noise_multiplier, clip, expected_clients
 

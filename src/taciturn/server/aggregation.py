@@ -13,13 +13,13 @@ updates to the server instead of per-worker partial sums (engine/pipeline.py ``p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from taciturn.algorithms.base import Algorithm, Arrival
+from taciturn.algorithms.base import Algorithm, ArraySpec, Arrival
 from taciturn.core.message import Message
 from taciturn.core.rng import SERVER, Streams
 from taciturn.server.centered_clip import CenteredClip
@@ -77,37 +77,49 @@ class ServerAggregation:
     def restore(self, saved: ChainState | None) -> None:
         self.state = None if saved is None else saved.tensors
 
-    def apply(self, round: int, arrivals: Sequence[Arrival]) -> tuple[list[Arrival], State | None, Info]:
-        """The one arrival standing for the round's updates, the chain's new state and its info."""
-        if not arrivals:
+    def apply(
+        self, round: int, arrivals: Sequence[Arrival], spec: Mapping[str, ArraySpec]
+    ) -> tuple[list[Arrival], State | None, Info]:
+        """The one arrival standing for the round's updates, the chain's new state and its info.
+        A round without updates releases nothing, unless the chain must release every round (DP
+        noise: McMahan et al. 2018, Alg. 1 adds it whoever was sampled)."""
+        if not arrivals and not self.chain.releases_without_input:
             return [], self.state, {}
         # In client order, whatever the executor: rules that break ties by position (Krum's two
         # mutual nearest neighbours score alike) then pick the same update.
         arrivals = sorted(arrivals, key=lambda a: a.client)
-        names = sorted(n for n in arrivals[0].message.arrays if n.startswith(self.prefix))
-        shapes = {n: arrivals[0].message.arrays[n].shape for n in names}
-        rows = torch.stack(
-            [torch.cat([torch.from_numpy(a.message.arrays[n]).reshape(-1) for n in names]) for a in arrivals]
+        names = sorted(n for n in spec if n.startswith(self.prefix))
+        size = sum(int(np.prod(spec[n].shape)) for n in names)
+        rows = (
+            torch.stack(
+                [
+                    torch.cat([torch.from_numpy(a.message.arrays[n]).reshape(-1) for n in names])
+                    for a in arrivals
+                ]
+            )
+            if arrivals
+            else torch.zeros(0, size)
         )
         weights = torch.tensor([float(a.message.meta["num_samples"]) for a in arrivals], dtype=torch.float64)
         state = self.state if self.state is not None else self.chain.init(rows.shape[1])
         out, state, info = self.chain.update(
             Updates(rows, weights), state, self.streams.torch(round, SERVER, "server-chain")
         )
-        return [self._arrival(arrivals, names, shapes, out.rows[0], weights)], state, info
+        return [self._arrival(arrivals, spec, names, out.rows[0], weights)], state, info
 
-    def _arrival(self, arrivals, names, shapes, row: torch.Tensor, weights: torch.Tensor) -> Arrival:
-        dtype = arrivals[0].message.arrays[names[0]].dtype
+    def _arrival(self, arrivals, spec, names, row: torch.Tensor, weights: torch.Tensor) -> Arrival:
         arrays: dict[str, np.ndarray] = {}
         offset = 0
         for n in names:
-            size = int(np.prod(shapes[n]))
-            arrays[n] = row[offset : offset + size].reshape(shapes[n]).numpy().astype(dtype)
+            size = int(np.prod(spec[n].shape))
+            arrays[n] = row[offset : offset + size].reshape(spec[n].shape).numpy().astype(spec[n].dtype)
             offset += size
-        w = (weights / weights.sum()).numpy()
-        for n in arrivals[0].message.arrays:
-            if not n.startswith(self.prefix):
-                stacked = np.stack([a.message.arrays[n].astype(np.float64) for a in arrivals])
-                arrays[n] = np.tensordot(w, stacked, axes=1).astype(arrivals[0].message.arrays[n].dtype)
-        total = sum(int(a.message.meta["num_samples"]) for a in arrivals)
+        for n in spec:
+            if not n.startswith(self.prefix):  # the weighted mean (zero when nobody sent one)
+                stacked = np.stack(
+                    [a.message.arrays[n].astype(np.float64) for a in arrivals] or [np.zeros(spec[n].shape)]
+                )
+                w = (weights / weights.sum()).numpy() if arrivals else np.zeros(1)
+                arrays[n] = np.tensordot(w, stacked, axes=1).astype(spec[n].dtype)
+        total = sum(int(a.message.meta["num_samples"]) for a in arrivals) or 1  # weight 1 for a bare release
         return Arrival(SERVER, Message(arrays, {"num_samples": total}))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -30,6 +31,8 @@ class Updates:
 
 
 class ServerTransform(ABC):
+    releases_without_input: ClassVar[bool] = False  # True: it releases something even with no updates
+
     @abstractmethod
     def init(self, dim: int) -> State:
         """The piece's initial state for updates of ``dim`` values (empty if it keeps none)."""
@@ -57,6 +60,7 @@ class Chain:
 
     def __init__(self, pieces: Sequence[ServerTransform]):
         self.pieces = list(pieces)
+        self.releases_without_input = any(p.releases_without_input for p in self.pieces)
 
     def init(self, dim: int) -> State:
         return {f"{i}/{k}": v for i, piece in enumerate(self.pieces) for k, v in piece.init(dim).items()}
