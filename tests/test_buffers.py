@@ -1,6 +1,7 @@
 """Models with buffers (BatchNorm): running statistics federated with the weights (issue 15)."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -215,7 +216,10 @@ def test_a_batch_of_one_is_skipped_with_batchnorm(tmp_path):
     assert result.model[1].num_batches_tracked == 0  # integer buffers are not federated
 
 
-def test_resume_of_a_batchnorm_model_ends_with_the_numbers_of_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("buffers", ["federated", "local"])
+def test_resume_of_a_batchnorm_model_ends_with_the_numbers_of_an_uninterrupted_run(tmp_path, buffers):
+    """With local buffers (FedBN), the clients' own statistics come back from the checkpoint too."""
+    from taciturn.core.state_store import MemoryStateStore
     from taciturn.experiments import runner
     from taciturn.experiments.config import validate
     from taciturn.experiments.user import UserObjects
@@ -230,9 +234,11 @@ def test_resume_of_a_batchnorm_model_ends_with_the_numbers_of_an_uninterrupted_r
         "algorithm": {"fraction": 0.5, "local": {"batch_size": 16}},
         "checkpoint": {"every": 2},
         "engine": {"executor": "sequential"},
+        "model": {"buffers": buffers},
     }
     whole = taciturn.run(tree, model=bn_mlp(), data=data, out=tmp_path / "whole", report=False)
-    config = validate({**tree, "model": {"kind": "python"}, "data": {"dataset": "python"}}, "<test>")
+    model = {"kind": "python", "buffers": buffers}
+    config = validate({**tree, "model": model, "data": {"dataset": "python"}}, "<test>")
     with pytest.raises(Interrupt):
         runner.start(
             config,
@@ -244,6 +250,16 @@ def test_resume_of_a_batchnorm_model_ends_with_the_numbers_of_an_uninterrupted_r
     resumed = taciturn.resume(tmp_path / "cut", model=bn_mlp(), data=data, report=False)
     assert metrics_without_time(RunDir(resumed.dir)) == metrics_without_time(RunDir(whole.dir))
     assert torch.equal(resumed.model[1].running_var, whole.model[1].running_var)
+    stores = []
+    for run in (whole.dir, resumed.dir):
+        store = MemoryStateStore()
+        store.load(max(p.parent for p in Path(run).rglob("server.safetensors")))
+        stores.append(store)
+    assert list(stores[0].clients()) == list(stores[1].clients())
+    assert bool(list(stores[0].clients())) == (buffers == "local")
+    for client in stores[0].clients():
+        for name, tensor in stores[0].get(client).items():
+            assert torch.equal(stores[1].get(client)[name], tensor), (client, name)
 
 
 @pytest.mark.parametrize("executor", ["sequential", "parallel"])
