@@ -75,7 +75,9 @@ def demo_config(name: str, rounds: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 rounds each, nothing written (smoke)")
+    parser.add_argument(
+        "--quick", action="store_true", help="2 rounds each: a smoke run (results/deploy_quick.json)"
+    )
     args = parser.parse_args()
     w2_rounds, pair_rounds = (2, 2) if args.quick else (3, 10)
     tree = workload_tree("W2", quick=True) | {"rounds": w2_rounds, "engine": {"executor": "sequential"}}
@@ -106,9 +108,7 @@ def main() -> None:
     print(
         f"W2 deployed vs simulated metrics, max abs difference: {results['w2_fedavg']['parity_max_abs_diff']}"
     )
-    if args.quick:
-        return
-    command = "python benchmarks/deploy.py"
+    command = "python benchmarks/deploy.py" + (" --quick" if args.quick else "")
     summary = {
         "command": command,
         "transport": "in-process Flower messages (Flower's serialization, no network)",
@@ -124,9 +124,11 @@ def main() -> None:
         "runs": results,
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "deploy.json").write_text(json.dumps(summary, indent=1))
+    name = "deploy_quick.json" if args.quick else "deploy.json"
+    (RESULTS / name).write_text(json.dumps(summary, indent=1))
     body = (
-        f"Command: `{command}` (results: `benchmarks/results/deploy.json`). Deployed code path with "
+        ("**Smoke run** (2 rounds each, one seed): bytes only, no claim. " if args.quick else "")
+        + f"Command: `{command}` (results: `benchmarks/results/{name}`). Deployed code path with "
         "Flower's messages and serialization, delivered in process: wire bytes are every serialized "
         "Flower message (requests and replies with no model included), payload bytes are taciturn's "
         f"safetensors messages as in simulation. W2's model, FedAvg, {w2_rounds} rounds, 10 clients a "
