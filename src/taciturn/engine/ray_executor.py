@@ -111,7 +111,7 @@ class RayExecutor(Executor):
 
     def _slots(self) -> int:
         resources = ray.cluster_resources()
-        slots = int(resources.get("CPU", 0) // self.cpus) if self.cpus else 1
+        slots = int(resources.get("CPU", 0) // self.cpus)
         if self.gpus:
             slots = min(slots, int(resources.get("GPU", 0) // self.gpus))
         if slots < 1:
@@ -126,14 +126,14 @@ class RayExecutor(Executor):
         if not self._actors:
             self._start()
         distinct: list[Message] = []  # a broadcast is one Message object: put once per round
+        position: dict[int, int] = {}  # id of a message -> its place in distinct
         which: dict[int, int | None] = {}
         for client in clients:
             message = downlink.get(client)
-            index = next((i for i, m in enumerate(distinct) if m is message), None)
-            if message is not None and index is None:
+            if message is not None and id(message) not in position:
+                position[id(message)] = len(distinct)
                 distinct.append(message)
-                index = len(distinct) - 1
-            which[client] = None if message is None else index
+            which[client] = None if message is None else position[id(message)]
         refs = [ray.put(encode(message)) for message in distinct]
         spec_json = encode_spec(spec)
         parts: list[RoundPart] = []
