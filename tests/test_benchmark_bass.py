@@ -1,17 +1,13 @@
 """benchmarks/bass.py runs end to end (at a tiny scale) and writes the JSON schema of issue 7."""
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
-BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "bass.py"
+from tests.benchmark_module import load_benchmark
 
 
 def test_quick_benchmark_writes_final_regret_and_f1_per_setting(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("bass_benchmark", BENCHMARK)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("bass")
     monkeypatch.setitem(bench.QUICK, "horizon", 100)  # smaller still than --quick: a test is not a smoke run
     monkeypatch.setattr(bench, "ALPHAS", (0.25,))
     assert bench.main(["--quick", "--out", str(tmp_path)]) == 0

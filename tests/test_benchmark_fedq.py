@@ -1,25 +1,14 @@
 """The FedQ benchmark's pipeline at micro scale (the numbers live in docs/benchmarks.md)."""
 
-import importlib.util
 import io
-import sys
-from pathlib import Path
 
 from rich.console import Console
 
-
-def load_benchmark():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fedq.py"
-    sys.path.insert(0, str(path.parent))  # its sibling docs_section, as when run as a script
-    spec = importlib.util.spec_from_file_location("benchmark_fedq", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmark_module import load_benchmark
 
 
 def test_the_benchmark_produces_the_issue_schema_plots_and_docs_at_micro_scale(tmp_path):
-    bench = load_benchmark()
+    bench = load_benchmark("fedq")
     scale = bench.Scale(
         paths=1,
         iclr_episodes=40,

@@ -1,21 +1,9 @@
 """The Ferret benchmark's statistics: seed-stratified per-example bootstrap and its conclusions."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-
-def load_ferret_benchmark():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "ferret.py"
-    sys.path.insert(0, str(path.parent))  # its sibling docs_section, as when run as a script
-    spec = importlib.util.spec_from_file_location("benchmark_ferret", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmark_module import load_benchmark
 
 
 def examples(rouge, loss_sum, tokens):
@@ -23,7 +11,7 @@ def examples(rouge, loss_sum, tokens):
 
 
 def test_seed_means_weight_the_loss_by_tokens_within_a_seed_and_average_seeds():
-    bench = load_ferret_benchmark()
+    bench = load_benchmark("ferret")
     by_seed = [
         examples([0.0, 1.0], [2.0, 10.0], [1.0, 4.0]),
         examples([0.5, 0.5, 0.5], [3.0, 3.0, 3.0], [1, 1, 1]),
@@ -36,7 +24,7 @@ def test_seed_means_weight_the_loss_by_tokens_within_a_seed_and_average_seeds():
 
 
 def test_paired_differences_cancel_what_methods_share_and_conclusions_follow_the_interval():
-    bench = load_ferret_benchmark()
+    bench = load_benchmark("ferret")
     rng = np.random.default_rng(0)
     noisy = [examples(list(rng.random(30)), list(rng.random(30) * 5), [1.0] * 30) for _ in range(3)]
     shifted = [{**ex, "rougeL": [r + 0.01 for r in ex["rougeL"]]} for ex in noisy]

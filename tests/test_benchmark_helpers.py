@@ -1,25 +1,13 @@
 """benchmarks/intervals.py and benchmarks/sweep.py against hand-computed cases."""
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from tests.benchmark_module import load_benchmark
 
-
-def load(name):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-intervals = load("intervals")
-sweep = load("sweep")
+intervals = load_benchmark("intervals")
+sweep = load_benchmark("sweep")
 
 
 def test_t_interval_matches_the_t_table():
@@ -81,11 +69,7 @@ def test_grids_are_products_and_budgets_must_match():
 
 
 def event_benchmark():
-    sys.path.insert(0, str(BENCHMARKS))  # its sibling imports (docs_section, intervals, sweep)
-    try:
-        return load("event_admm")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return load_benchmark("event_admm")
 
 
 def fake_run(bench, method, knob, seed, accuracies, events_per_round):

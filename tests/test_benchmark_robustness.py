@@ -1,23 +1,18 @@
 """benchmarks/robustness.py: the code that turns runs into published numbers."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.benchmark_module import load_benchmark
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def robustness():
-    sys.path.insert(0, str(BENCHMARKS))  # its sibling modules (intervals, docs_section)
-    spec = importlib.util.spec_from_file_location("bench_robustness", BENCHMARKS / "robustness.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    sys.path.remove(str(BENCHMARKS))
+    return load_benchmark("robustness")
 
 
 def test_a_cell_is_the_mean_and_the_t_interval_over_seeds(robustness):

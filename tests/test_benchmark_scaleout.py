@@ -1,19 +1,8 @@
 """The scale-out benchmark's parity figure (the timings live in docs/benchmarks.md)."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
-
-def load_scaleout():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "scaleout.py"
-    sys.path.insert(0, str(path.parent))  # its siblings speed and docs_section, as when run as a script
-    spec = importlib.util.spec_from_file_location("benchmark_scaleout", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmark_module import load_benchmark
 
 
 def test_parity_is_the_largest_metric_difference_but_not_the_clock(tmp_path):
@@ -23,4 +12,4 @@ def test_parity_is_the_largest_metric_difference_but_not_the_clock(tmp_path):
     }
     for name, metrics in rows.items():
         (tmp_path / name).write_text("\n".join(json.dumps(r) for r in metrics) + "\n")
-    assert load_scaleout().parity(str(tmp_path / "ray"), str(tmp_path / "parallel")) == 0.25
+    assert load_benchmark("scaleout").parity(str(tmp_path / "ray"), str(tmp_path / "parallel")) == 0.25

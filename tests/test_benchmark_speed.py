@@ -1,25 +1,14 @@
 """The speed benchmark's statistics and claims (the timings live in docs/benchmarks.md)."""
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-
-def load_speed():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "speed.py"
-    sys.path.insert(0, str(path.parent))  # its sibling docs_section, as when run as a script
-    spec = importlib.util.spec_from_file_location("benchmark_speed", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmark_module import load_benchmark
 
 
 def test_ratio_interval_is_a_t_interval_of_paired_log_ratios():
-    speed = load_speed()
+    speed = load_benchmark("speed")
     # log ratios ln(1/2), 0, ln 2: mean 0, sd ln 2, n = 3, t(0.975, 2) = 4.302653
     r = speed.ratio_interval([1.0, 3.0, 8.0], [2.0, 3.0, 4.0])
     half = 4.302653 * math.log(2) / math.sqrt(3)
@@ -30,7 +19,7 @@ def test_ratio_interval_is_a_t_interval_of_paired_log_ratios():
 
 
 def test_claims_need_the_whole_interval_below_the_bar():
-    speed = load_speed()
+    speed = load_benchmark("speed")
     below = {"mean": 0.9, "low": 0.88, "high": 0.93, "reps": 5}
     straddles = {"mean": 0.93, "low": 0.9, "high": 0.96, "reps": 5}
     w3 = {"wall_s": {"taciturn": 5.6, "taciturn_vectorized": 5.4, "taciturn_parallel": 7.0, "floor": 6.0}}
@@ -44,7 +33,7 @@ def test_claims_need_the_whole_interval_below_the_bar():
 
 
 def test_what_auto_ran_is_read_from_the_run_log(tmp_path):
-    speed = load_speed()
+    speed = load_benchmark("speed")
     log = tmp_path / "run.log"
     log.write_text("2026 INFO taciturn: executor: sequential or parallel with 2 workers (probe...); client\n")
     assert speed.executor_decision(log) == "sequential or parallel with 2 workers"
