@@ -554,26 +554,30 @@ def render(results: dict[str, Any], section: str = "speed") -> str:
         for name, res in results.items()
         if isinstance(res, dict) and res.get("ratio_to_floor")
     ]
+    loads = [
+        res["load_before_max"]
+        for res in results.values()
+        if isinstance(res, dict) and "load_before_max" in res
+    ]
+    if loads:
+        parts.append(f"Highest 1-minute load average before any command: {max(loads):.2f}.")
     if ratios:
-        load = max(
-            res["load_before_max"]
-            for res in results.values()
-            if isinstance(res, dict) and "load_before_max" in res
-        )
         parts.append(
-            "Wall time over the floor's, paired by repetition: geometric mean [95% t-interval] "
-            f"(highest 1-minute load average before any command: {load:.2f}):\n\n"
+            "Wall time over the floor's, paired by repetition: geometric mean [95% t-interval]:\n\n"
             + markdown_table(["workload", *(i for i in impls if i != "floor")], ratios)
         )
-        parts.append("\n".join(f"* {line}" for line in claims(results)))
+    chose = [
+        (name, res["auto_chose"])
+        for name, res in results.items()
+        if isinstance(res, dict) and res.get("auto_chose")
+    ]
+    if chose:
         parts.append(
             "What `auto` ran, per repetition:\n\n"
-            + "\n".join(
-                f"* {name}: " + "; ".join(res["auto_chose"])
-                for name, res in results.items()
-                if isinstance(res, dict) and res.get("auto_chose")
-            )
+            + "\n".join(f"* {name}: " + "; ".join(c) for name, c in chose)
         )
+    if claims(results):
+        parts.append("\n".join(f"* {line}" for line in claims(results)))
     if "W4" in results:
         w4 = results["W4"]
         parts.append(
