@@ -88,12 +88,7 @@ class ParallelExecutor(Executor):
         for conn, share in busy:
             _send_request(conn, round, share, downlink, spec)
         parts = [self._receive(conn) for conn, _ in busy]
-        part = merge(self.pipeline, parts)
-        order = {c: i for i, c in enumerate(clients)}
-        part.accepted.sort(key=order.__getitem__)
-        part.rejected.sort(key=lambda item: order[item[0]])
-        part.failed.sort(key=lambda item: order[item[0]])
-        return part
+        return merge(self.pipeline, parts, clients)
 
     def commit(self, round: int, accepted: Sequence[int]) -> None:
         """Every worker stores the staged state of its accepted clients in the shared store and

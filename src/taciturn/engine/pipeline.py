@@ -289,8 +289,9 @@ def _failed(ctx: ClientContext, error: Exception) -> Exception:
     return error
 
 
-def merge(pipeline: ClientPipeline, parts: Sequence[RoundPart]) -> RoundPart:
-    """One part from several (each covering other clients), in the order given."""
+def merge(pipeline: ClientPipeline, parts: Sequence[RoundPart], clients: Sequence[int]) -> RoundPart:
+    """One part from several (each covering other clients), its client lists in the round's order
+    ``clients`` whichever worker served whom."""
     merged = RoundPart(accumulated=pipeline.combine([p.accumulated for p in parts]))
     for p in parts:
         merged.accepted += p.accepted
@@ -299,4 +300,8 @@ def merge(pipeline: ClientPipeline, parts: Sequence[RoundPart]) -> RoundPart:
         merged.losses += p.losses
         merged.client_info.update(p.client_info)
         merged.arrivals += p.arrivals
+    order = {c: i for i, c in enumerate(clients)}
+    merged.accepted.sort(key=order.__getitem__)
+    merged.rejected.sort(key=lambda item: order[item[0]])
+    merged.failed.sort(key=lambda item: order[item[0]])
     return merged

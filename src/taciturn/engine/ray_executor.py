@@ -140,12 +140,7 @@ class RayExecutor(Executor):
         pending = list(clients)
         while pending:  # again, on the survivors, for the clients of actors that died
             pending = self._run(round, pending, which, refs, spec_json, parts)
-        part = merge(self.pipeline, parts)
-        order = {c: i for i, c in enumerate(clients)}
-        part.accepted.sort(key=order.__getitem__)
-        part.rejected.sort(key=lambda item: order[item[0]])
-        part.failed.sort(key=lambda item: order[item[0]])
-        return part
+        return merge(self.pipeline, parts, clients)
 
     def _run(
         self,
