@@ -181,7 +181,8 @@ def test_balance_spreads_work_evenly():
 @pytest.mark.parametrize(
     ("timing", "cores", "clients", "expected"),
     [
-        ({"all_threads": 1.0, "one_thread": 1.9}, 2, 10, "sequential"),  # threads already scale
+        ({"all_threads": 1.0, "one_thread": 2.1}, 2, 10, "sequential"),  # threads already scale
+        ({"all_threads": 1.0, "one_thread": 1.9}, 2, 10, "parallel"),  # a small saving is still tried
         ({"all_threads": 1.0, "one_thread": 1.2}, 2, 10, "parallel"),  # they do not: use processes
         ({"all_threads": 1.0, "one_thread": 1.2}, 1, 10, "sequential"),  # one core
         ({"all_threads": 1.0, "one_thread": 1.2}, 2, 1, "sequential"),  # one client a round
@@ -200,7 +201,7 @@ def test_executor_choice_follows_the_measurements(monkeypatch, timing, cores, cl
 
 @pytest.mark.parametrize(
     ("one_thread", "cores", "expected"),
-    [(1.2, 2, "parallel_vectorized"), (1.9, 2, "vectorized"), (1.2, 1, "vectorized")],
+    [(1.2, 2, "parallel_vectorized"), (2.1, 2, "vectorized"), (1.2, 1, "vectorized")],
 )
 @pytest.mark.parametrize("algebra", ["low-rank", "fused"])
 def test_plain_mlp_sgd_runs_as_written_out_algebra(monkeypatch, one_thread, cores, expected, algebra):
