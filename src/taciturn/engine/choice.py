@@ -44,7 +44,7 @@ PROBE_STEPS = 8
 # Workers are tried wherever the probe does not rule them out; the trial (engine/trial.py), not
 # the probe, decides. The probe under-rates them on the CNN: in one W run of the speed benchmark it
 # estimated workers at 0.94x sequential (a 10% bar kept sequential: 131 s), where in the other
-# four runs the trial kept them and the runs took 0.80-0.92x sequential's time (97-106 s).
+# four runs the trial measured them at 0.73-0.86x sequential's time per sample (97-106 s a run).
 TRY_WORKERS_BELOW = 1.0
 PARALLEL_ROUND_OVERHEAD_S = 0.004  # sending a share and receiving a partial, per round (benchmarks/speed.py)
 
