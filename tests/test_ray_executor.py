@@ -202,3 +202,41 @@ def test_a_worker_that_dies_mid_round_has_its_clients_run_on_the_survivor(cluste
     for client, state in states.items():
         for key, value in ref.store.get(client).items():
             torch.testing.assert_close(state[key], value, **TOLERANCE)
+
+
+def first_round(exp):
+    state = exp.algorithm.init_server(exp.task.init_params(exp.streams.torch(0, SERVER, "init")), 8)
+    return exp.federation.run_round(state, 1)[0]
+
+
+def test_a_run_whose_workers_all_died_stops_with_an_error_that_says_to_resume(cluster, tmp_path):
+    from taciturn.engine.ray_state import ClusterLost
+
+    exp = prepare(config(cluster, {"name": "fedavg"}), tmp_path / "ray")
+    executor = exp.federation.executor
+    try:
+        state = first_round(exp)  # starts the actors
+        for actor in executor._actors:
+            ray.kill(actor)
+        with pytest.raises(ClusterLost, match=r"every Ray worker actor died.*taciturn resume"):
+            exp.federation.run_round(state, 2)
+    finally:
+        executor.close()
+
+
+def test_a_dead_state_keeper_stops_the_run_with_an_error_that_says_to_resume(cluster, tmp_path):
+    """SCAFFOLD's c_i live with the keeper: without it no round may run or commit, and the driver's
+    own calls (checkpoints) say the same instead of a Ray traceback."""
+    from taciturn.engine.ray_state import ClusterLost
+
+    exp = prepare(config(cluster, {"name": "scaffold"}), tmp_path / "ray")
+    executor = exp.federation.executor
+    try:
+        state = first_round(exp)
+        ray.kill(exp.store.keeper)
+        with pytest.raises(ClusterLost, match=r"keeps the clients' state.*taciturn resume"):
+            exp.federation.run_round(state, 2)
+        with pytest.raises(ClusterLost, match="keeps the clients' state"):
+            exp.store.save(tmp_path / "checkpoint")
+    finally:
+        executor.close()

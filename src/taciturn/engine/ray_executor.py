@@ -19,8 +19,9 @@ effect under the acceptance rule (engine/pipeline.py).
 Faults: when an actor dies mid-round (its process or its node), Ray raises ``RayActorError`` for its
 call; its clients are run again on the surviving actors in the same round. Every random draw comes
 from the run's seeded streams and nothing of the dead actor's work was committed, so the round
-ends with the numbers it would have had. The dead actor is not replaced; when none is left the run
-stops with ``ClusterLost`` and ``taciturn resume`` continues from the last checkpoint.
+ends with the numbers it would have had. The dead actor is not replaced; when none is left, or the
+state keeper died, the run stops with ``ClusterLost`` and ``taciturn resume`` continues from the
+last checkpoint.
 
 Partial sums are added in another order than the sequential executor's, so results agree with it
 up to floating-point rounding (tests/test_ray_executor.py states the tolerance).
@@ -40,21 +41,16 @@ import torch
 
 from taciturn.core.channel import Channel
 from taciturn.core.codec import decode, encode
-from taciturn.core.errors import TaciturnError
 from taciturn.core.ledger import Direction, Ledger
 from taciturn.core.message import Message
 from taciturn.core.state_store import MemoryStateStore, decode_states, encode_states
 from taciturn.engine.executor import Executor, LoopTrainer
 from taciturn.engine.parallel import WorkerFailed, balance
 from taciturn.engine.pipeline import ClientPipeline, RoundPart, merge
-from taciturn.engine.ray_state import RayStateStore
+from taciturn.engine.ray_state import ClusterLost, RayStateStore, ask
 from taciturn.engine.wire import decode_part, decode_spec, encode_part, encode_spec
 
 log = logging.getLogger(__name__)
-
-
-class ClusterLost(TaciturnError):
-    """Every worker actor died: nothing is left to run the round on."""
 
 
 def connect(address: str | None) -> bool:
@@ -185,6 +181,8 @@ class RayExecutor(Executor):
                 del self._actors[index], self.nodes[index]
                 lost += share
                 continue
+            if "lost" in header:
+                raise ClusterLost(header["lost"])
             if "error" in header:
                 raise WorkerFailed(header["error"])
             for row in header["ledger"]:
@@ -196,7 +194,7 @@ class RayExecutor(Executor):
         """The round's staged client states take effect as engine/ray_state.py says; the keeper has
         stored them when this returns (a checkpoint may follow)."""
         if isinstance(self.pipeline.store, RayStateStore):
-            ray.get(self.pipeline.store.keeper.commit.remote(round, list(accepted)))
+            ask(self.pipeline.store.keeper.commit.remote(round, list(accepted)))
 
     def close(self) -> None:
         for actor in self._actors:
@@ -229,7 +227,7 @@ class Worker:
             drop = pipeline.channel.drop
             pipeline.channel = Channel(Ledger(), pipeline.streams, drop[Direction.UP], drop[Direction.DOWN])
             pipeline.store = _Staging(
-                decode_states(ray.get(self.keeper.get.remote(clients))) if self.keeper else {}
+                decode_states(ask(self.keeper.get.remote(clients))) if self.keeper else {}
             )
             spec = decode_spec(request["spec"])
             part = pipeline.serve(round, clients, downlink, spec, self.trainer)
@@ -237,8 +235,10 @@ class Worker:
             pipeline.commit(round, clients)  # hands over the states awaiting acceptance
             sent = pipeline.store.take()
             if silent or sent:  # at the keeper before the result leaves; the driver commits
-                ray.get(self.keeper.stage.remote(round, encode_states(silent), encode_states(sent)))
+                ask(self.keeper.stage.remote(round, encode_states(silent), encode_states(sent)))
             return encode_part(part, pipeline.channel.ledger.rows())
+        except ClusterLost as lost:
+            return {"lost": str(lost)}, []
         except Exception:
             return {"error": f"ray worker {os.getpid()} on node {self.node()}: {traceback.format_exc()}"}, []
 

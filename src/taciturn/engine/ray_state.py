@@ -17,6 +17,10 @@ acceptance rule of engine/pipeline.py); a client that sent nothing gets it at th
 was accepted. A worker that dies mid-round leaves nothing committed, so its clients can be run again
 from the same state. States
 cross between processes through the codec (core/state_store.py ``encode_states``), never pickled.
+
+The keeper is not restarted when it dies (with the driver's node, or killed): the states it held
+since the last checkpoint are gone, so every call to it then raises ``ClusterLost``, which tells the
+user to resume; the checkpoint holds the committed states of its round.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from taciturn.core.disk_store import DiskStateStore
+from taciturn.core.errors import TaciturnError
 from taciturn.core.state_store import (
     ClientState,
     ClientStateStore,
@@ -35,6 +40,22 @@ from taciturn.core.state_store import (
     decode_states,
     encode_states,
 )
+
+
+class ClusterLost(TaciturnError):
+    """What the run needs on the Ray cluster is gone (every worker actor, or the state keeper);
+    ``taciturn resume`` continues from the last checkpoint."""
+
+
+def ask(call: ray.ObjectRef):
+    """The result of a call to the keeper; its death becomes ``ClusterLost``, not a Ray traceback."""
+    try:
+        return ray.get(call)
+    except ray.exceptions.RayActorError:
+        raise ClusterLost(
+            "the Ray actor that keeps the clients' state (on the driver's node) died, and with it the "
+            "states since the last checkpoint: run `taciturn resume` on the run directory"
+        ) from None
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -94,19 +115,19 @@ class RayStateStore(ClientStateStore):
         ).remote(None if disk_path is None else str(disk_path), num_clients)
 
     def get(self, client: int) -> ClientState | None:
-        return decode_states(ray.get(self.keeper.get.remote([client]))).get(client)
+        return decode_states(ask(self.keeper.get.remote([client]))).get(client)
 
     def put(self, client: int, state: ClientState) -> None:
-        ray.get(self.keeper.put.remote(client, encode_states({client: state})))
+        ask(self.keeper.put.remote(client, encode_states({client: state})))
 
     def clients(self) -> Iterator[int]:
-        return iter(ray.get(self.keeper.clients.remote()))
+        return iter(ask(self.keeper.clients.remote()))
 
     def save(self, folder: Path) -> None:
-        ray.get(self.keeper.save.remote(str(Path(folder).resolve())))
+        ask(self.keeper.save.remote(str(Path(folder).resolve())))
 
     def load(self, folder: Path) -> None:
-        ray.get(self.keeper.load.remote(str(Path(folder).resolve())))
+        ask(self.keeper.load.remote(str(Path(folder).resolve())))
 
     def close(self) -> None:
         ray.kill(self.keeper)
