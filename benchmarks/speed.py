@@ -546,7 +546,9 @@ def render(results: dict[str, Any], section: str = "speed") -> str:
         "Peak memory of the whole process tree, PSS / RSS in MB (PSS splits shared pages fairly; RSS "
         "counts memory shared by forked workers once per process):\n\n"
         + markdown_table(["workload", *impls], memory),
-        "Final test accuracy (every implementation takes the same SGD steps from the same weights):\n\n"
+        "Final test accuracy (every federated implementation takes the same SGD steps from the same "
+        "weights; the floor takes them one after another on a single model, without averaging, so "
+        "its accuracy differs):\n\n"
         + markdown_table(["workload", *impls], accuracy),
     ]
     ratios = [
