@@ -548,8 +548,7 @@ def render(results: dict[str, Any], section: str = "speed") -> str:
         + markdown_table(["workload", *impls], memory),
         "Final test accuracy (every federated implementation takes the same SGD steps from the same "
         "weights; the floor takes them one after another on a single model, without averaging, so "
-        "its accuracy differs):\n\n"
-        + markdown_table(["workload", *impls], accuracy),
+        "its accuracy differs):\n\n" + markdown_table(["workload", *impls], accuracy),
     ]
     ratios = [
         [name, *(_ratio_cell(res["ratio_to_floor"].get(i)) for i in impls if i != "floor")]
