@@ -9,7 +9,7 @@ from taciturn.bandits.environments import clustered
 from taciturn.bandits.exchange import Exchange, sample_message
 from taciturn.bandits.linucb import Confidence
 from taciturn.bandits.metrics import pair_f1
-from taciturn.bandits.rules import Club, DynUcb, Independent, Oracle, Pooled, Sclub
+from taciturn.bandits.rules import Bass, Club, DynUcb, Independent, Oracle, Pooled, Sclub
 from taciturn.bandits.rules.club import connected
 from taciturn.bandits.rules.sclub import stage_of
 from taciturn.bandits.simulation import Problem, Simulation
@@ -162,3 +162,57 @@ def test_club_threshold_is_the_sum_of_both_agents_widths():
     doubled = Club(1, 3, gamma=2.0)  # gamma scales both widths: nothing is that far apart
     doubled.update(stats, np.array([0]), np.array([0]), step=0)
     assert doubled.graph[0, 0].all()
+
+
+def test_each_rule_restored_from_its_state_has_the_same_pools():
+    """state() -> load() into a fresh rule (a resumed run): the same memberships and state arrays."""
+    stats = stats_with([[0.0, 0.0], [0.05, 0.0], [2.0, 0.0]], [100, 100, 100])
+    club = Club(1, 3)
+    club.update(stats, np.array([0]), np.array([2]), step=0)  # 2 is cut off from both
+    sclub = Sclub(1, 3, dim=2)
+    sclub.update(stats_with([[0.0, 0.0], [0.0, 0.0], [3.0, 0.0]], [200] * 3), np.array([0]), np.array([2]), 0)
+    dyn = DynUcb(np.array([[0, 0, 1]]), num_clusters=2)
+    dyn.update(stats, np.array([0]), np.array([1]), step=0)
+    bass = Bass(1, 3, CONF)
+    bass.membership[0] = [[True, True, False], [True, True, False], [False, False, True]]
+    fresh = {
+        "club": Club(1, 3),
+        "sclub": Sclub(1, 3, dim=2),
+        "dynucb": DynUcb(np.zeros((1, 3), dtype=np.int64), num_clusters=2),
+        "bass": Bass(1, 3, CONF),
+    }
+    for name, rule in {"club": club, "sclub": sclub, "dynucb": dyn, "bass": bass}.items():
+        assert not rule.membership.all(), name  # something to restore
+        twin = fresh[name]
+        twin.load({k: v.copy() for k, v in rule.state().items()})
+        assert np.array_equal(twin.membership, rule.membership), name
+        for key, value in rule.state().items():
+            assert np.array_equal(twin.state()[key], value), (name, key)
+    assert club.membership[0].tolist() == [[True, True, False], [True, True, False], [False, False, True]]
+    assert sclub.membership[0].tolist() == [[True, True, False], [True, True, False], [False, False, True]]
+
+
+def test_rules_that_regroup_hear_every_sample_even_from_an_agent_with_nobody_to_share_with():
+    """DynUCB with each agent alone in its cluster still uploads everything (an agent may join a
+    cluster later); independent agents, whose pools never grow, upload nothing."""
+    env = clustered(np.random.default_rng(5), num_agents=2, num_arms=6, dim=3, num_clusters=2, noise=1.0)
+    problem = Problem.build([env], [5], horizon=30)
+    apart = Simulation(problem, DynUcb(np.array([[0, 1]]), num_clusters=2), CONF, Exchange([5]))
+    apart.advance(30)
+    apart.record()
+    assert apart.exchange.traffic[0, 0, 0] == 30  # every step's sample went up
+    sclub = Sclub(1, 2, dim=3)
+    sclub.load(sclub.state() | {"labels": np.array([[0, 1]])})  # two singleton clusters
+    alone = Simulation(problem, sclub, CONF, Exchange([5]))
+    alone.advance(30)
+    alone.record()
+    assert alone.exchange.traffic[0, 0, 0] == 30
+
+
+def test_bad_rule_settings_are_refused_with_the_reason():
+    with pytest.raises(ValueError, match=r"initial labels must lie in \[0, 2\)"):
+        DynUcb(np.array([[0, 2]]), num_clusters=2)
+    with pytest.raises(ValueError, match=r"initial labels must lie in \[0, 2\)"):
+        DynUcb(np.array([[-1, 0]]), num_clusters=2)
+    with pytest.raises(ValueError, match="unknown separation test 'nope'; choose one of mahalanobis, ellipsoid_overlap"):
+        Bass(1, 2, CONF, test="nope")

@@ -228,3 +228,32 @@ def test_fedprox_trains_on_the_proximal_objective_by_hand():
         x = x + sum(n[i] * (ends[i] - x) for i in range(2)) / sum(n)
         state, _ = fed.run_round(state, round)
         torch.testing.assert_close(state.params["w"], x, rtol=1e-12, atol=1e-12)
+
+
+def test_scaffold_server_step_by_hand_and_partial_sums_combine_to_the_whole():
+    """Two arrivals of 2 and 3 samples among 4 clients holding 10: p_i = n_i / 10, or 1/4 uniform."""
+
+    def uplink(dy, dc, n):
+        arrays = {"dy/w": np.array(dy, np.float64), "dc/w": np.array([dc, dc], np.float64)}
+        return Message(arrays, {"num_samples": n})
+
+    arrivals = [Arrival(1, uplink([1.0, 2.0], 0.5, 2)), Arrival(3, uplink([4.0, -1.0], -1.0, 3))]
+    for weighting, server_lr, x, c in (
+        ("samples", 1.0, [2.8, 0.2], 0.8),  # dy: (0.2 [1, 2] + 0.3 [4, -1]) / 0.5; c: 1 + 0.2 * 0.5 - 0.3
+        ("samples", 0.5, [1.4, 0.1], 0.8),  # eta_g scales the model step, not c
+        ("uniform", 1.0, [2.5, 0.5], 0.875),  # dy: 0.25 [5, 1] / 0.5; c: 1 + 0.25 (0.5 - 1)
+    ):
+        scaffold = Scaffold(ScaffoldConfig(weighting=weighting, server_lr=server_lr))
+        scaffold.use_population(4, 10)
+        start_state = scaffold.init_server({"w": torch.zeros(2, dtype=torch.float64)}, 4)
+        start_state.control = {"w": torch.tensor([1.0, 1.0], dtype=torch.float64)}
+        start_state.params = {"w": torch.zeros(2, dtype=torch.float64)}
+        state = scaffold.aggregate(start_state, 1, scaffold.accumulate(arrivals))
+        torch.testing.assert_close(state.params["w"], torch.tensor(x, dtype=torch.float64))
+        torch.testing.assert_close(state.control["w"], torch.tensor([c, c], dtype=torch.float64))
+        empty = scaffold.accumulate([])
+        halves = scaffold.combine([scaffold.accumulate(arrivals[:1]), empty, scaffold.accumulate(arrivals[1:])])
+        combined = scaffold.aggregate(start_state, 1, halves)
+        torch.testing.assert_close(combined.params["w"], state.params["w"], rtol=0, atol=1e-15)
+        torch.testing.assert_close(combined.control["w"], state.control["w"], rtol=0, atol=1e-15)
+        assert scaffold.aggregate(start_state, 1, empty) is start_state

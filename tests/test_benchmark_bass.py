@@ -3,6 +3,9 @@
 import json
 import math
 
+import numpy as np
+import pytest
+
 from tests.benchmark_module import load_benchmark
 
 
@@ -25,3 +28,87 @@ def test_quick_benchmark_writes_final_regret_and_f1_per_setting(tmp_path, monkey
     assert all(0 <= f1 <= 1 for f1 in results["f1_final"].values())
     assert results["mb_shared"]["N6_C2"]["independent"] == 0 < results["mb_shared"]["N6_C2"]["pooled"]
     assert (tmp_path / "bass_regret.png").stat().st_size > 0
+
+
+def runs(final_regret, **fields):
+    """A method's simulate() output whose last record has these per-repetition values."""
+    out = {"t": np.array([0, 10]), "cpu_s": 1.26, "regret": np.stack([np.zeros(len(final_regret)), final_regret])}
+    for name, last in fields.items():
+        out[name] = np.stack([np.zeros(len(last)), np.asarray(last, dtype=float)])
+    return out
+
+
+def test_summarise_turns_the_repetitions_into_the_published_numbers():
+    bench = load_benchmark("bass")
+    traffic = {
+        "bytes_up": [1e6, 3e6, 0, 0],
+        "bytes_down": [0, 0, 2e6, 2e6],
+        "messages_up": [1, 2, 3, 4],
+        "messages_down": [0, 0, 0, 2],
+    }
+    results = {
+        "N2_C2": {
+            "bass": runs(np.array([1.0, 2.0, 3.0, 10.0]), f1=[0.5, 1.0, 1.0, 0.5], **traffic),
+            "pooled": runs(np.full(4, 4.0), **traffic),
+        },
+        "N2_none": {"bass": runs(np.array([2.0, 2.0, 2.0, 6.0]), f1=[1, 1, 1, 1], **traffic)},
+    }
+    summary = bench.summarise(results)
+    assert summary["final_regret"] == {"N2_C2": {"bass": 4.0, "pooled": 4.0}, "N2_none": {"bass": 3.0}}
+    # population std of (1, 2, 3, 10) around 4: sqrt((9 + 4 + 1 + 36) / 4)
+    assert summary["final_regret_std"]["N2_C2"]["bass"] == pytest.approx(math.sqrt(12.5), rel=1e-12)
+    assert summary["final_regret_std"]["N2_C2"]["pooled"] == 0.0
+    assert summary["final_regret_median"]["N2_C2"] == {"bass": 2.5, "pooled": 4.0}
+    # linear interpolation: the 25th and 75th percentiles sit at positions 0.75 and 2.25 of (1, 2, 3, 10)
+    assert summary["final_regret_iqr"]["N2_C2"]["bass"] == pytest.approx([1.75, 4.75], rel=1e-12)
+    assert summary["f1_final"] == {"N2_C2": 0.75}  # only settings with clusters have an F1
+    assert summary["f1_final_by_method"] == {"N2_C2": {"bass": 0.75}}
+    assert summary["mb_shared"]["N2_C2"]["bass"] == pytest.approx(2.0, rel=1e-12)  # (1 + 3 + 2 + 2) / 4 MB
+    assert summary["messages"]["N2_C2"]["pooled"] == pytest.approx(3.0, rel=1e-12)  # (1 + 2 + 3 + 6) / 4
+    assert summary["cpu_s"]["N2_none"]["bass"] == 1.3
+
+
+def test_the_pilot_picks_the_lowest_mean_regret_relative_to_each_settings_best(monkeypatch):
+    """Variant 1 is twice as bad as variant 2 in one setting, 1.67 times better in the other: relative
+    scores 1.33 against 1.5 pick variant 1, though variant 2 has the lower mean of raw regrets."""
+    bench = load_benchmark("bass")
+    monkeypatch.setattr(bench, "METHODS", ("club",))
+    monkeypatch.setattr(bench, "EXTRA", ())
+    monkeypatch.setattr(bench, "ALPHAS", (0.1,))
+    monkeypatch.setitem(bench.THRESHOLDS, "club", ("club", "gamma", (1.0, 2.0)))
+    regret = {("N2_C2", 1.0): 1.0, ("N2_C2", 2.0): 2.0, ("N6_none", 1.0): 100.0, ("N6_none", 2.0): 60.0}
+    calls = []
+
+    def config(setting, method, variant, seed, scale):
+        calls.append((seed, scale["repetitions"]))
+        return setting, variant[1]
+
+    def simulate(key, progress, task):
+        return {"regret": np.array([[0.0, 0.0], [regret[key] - 1, regret[key] + 1]])}  # mean: regret[key]
+
+    monkeypatch.setattr(bench, "config", config)
+    monkeypatch.setattr(bench, "simulate", simulate)
+
+    class Progress:
+        def add_task(self, *args, **kwargs):
+            return 0
+
+    scale = {"horizon": 10, "pilot": {"settings": ("N2_C2", "N6_none"), "repetitions": 3}, "repetitions": 10}
+    chosen, table = bench.pilot(scale, Progress())
+    assert chosen == {"club": (0.1, 1.0)}
+    assert table == {"club": {"N2_C2": {"(0.1, 1.0)": 1.0, "(0.1, 2.0)": 2.0}, "N6_none": {"(0.1, 1.0)": 100.0, "(0.1, 2.0)": 60.0}}}
+    assert set(calls) == {(bench.PILOT_SEED, 3)}  # other seeds than the reported runs, the pilot's size
+
+
+def test_the_table_bolds_the_best_method_that_is_not_told_the_clusters():
+    bench = load_benchmark("bass")
+    methods = bench.METHODS + bench.EXTRA
+    regret = {m: 5.0 + i for i, m in enumerate(methods)} | {"oracle": 1.0, "club": 2.0}
+    results = {"N2_C2": {m: runs(np.full(2, regret[m]), f1=[1, 1], bytes_up=[0, 0], bytes_down=[0, 0],
+                                  messages_up=[0, 0], messages_down=[0, 0]) for m in methods}}
+    text = bench.tables_markdown(bench.summarise(results), {"club": (0.25, 2.0), "pooled": (0.4, None)}, {})
+    row = next(line for line in text.splitlines() if line.startswith("| N2_C2 |") and "±" in line)
+    cells = dict(zip(methods, row.split(" | ")[1:], strict=True))
+    assert cells["club"].startswith("**2 ± 0**") and cells["oracle"].startswith("1 ± 0<br>")
+    assert sum("**" in c for c in cells.values()) == 1
+    assert "club 0.25, 2.0, pooled 0.4." in text

@@ -2,7 +2,13 @@
 
 import io
 
+import numpy as np
+import pytest
 from rich.console import Console
+
+from taciturn.core import Channel, Ledger, Streams
+from taciturn.core.ledger import Direction
+from taciturn.rl import FedQ, FedQFederation
 
 from tests.benchmark_module import load_benchmark
 
@@ -27,3 +33,54 @@ def test_the_benchmark_produces_the_issue_schema_plots_and_docs_at_micro_scale(t
         assert (tmp_path / png).stat().st_size > 1000
     text = bench.markdown(results)
     assert text.startswith(bench.SECTION) and bench.COMMAND in text and "| FedQ-H (M=10) |" in text
+
+
+def test_a_paths_regret_and_rounds_at_given_episode_counts():
+    """Rounds end after 2, 5 and 9 episodes with cumulative regret 1, 4, 6: regret grows linearly
+    inside a round (one policy), and a count is reached in the round that plays that episode."""
+    bench = load_benchmark("fedq")
+    path = bench.FedQPath(
+        episodes=np.array([2, 5, 9]),
+        regret=np.array([1.0, 4.0, 6.0]),
+        rounds=np.array([1, 2, 3]),
+        bytes_up=0,
+        bytes_down=0,
+        scalars_up=0,
+        policy_changes=np.zeros(3),
+    )
+    assert path.regret_at(np.array([0, 1, 2, 3.5, 7, 9])).tolist() == [0.0, 0.5, 1.0, 2.5, 5.0, 6.0]
+    assert path.rounds_at(np.array([1, 2, 3, 5, 6, 9])).tolist() == [1, 1, 2, 2, 3, 3]
+
+
+def test_a_regret_row_reports_medians_over_paths_and_the_last_decades_slope():
+    bench = load_benchmark("fedq")
+    grid = np.array([1, 10, 100])
+    regret = np.array([[0.0, 1.0, 3.0], [0.0, 2.0, 2.0], [0.0, 0.0, 4.0]])  # three paths
+    row = bench.Bench._regret_row(grid, regret, 2, grid >= 10)
+    ln10 = np.log(10)
+    # slopes over (10, 100): 2 / ln 10, 0, 4 / ln 10 -> median 2 / ln 10; final regrets 3, 2, 4
+    assert row["slope_per_ln_T"] == pytest.approx(2 / ln10, rel=1e-12)
+    assert row["final_regret"] == 3.0 and row["per_agent"] == 1.5  # M = 2 agents
+    assert row["final_regret_p10"] == pytest.approx(2.2) and row["final_regret_p90"] == pytest.approx(3.8)
+    assert row["median_curve"] == [0.0, 1.0, 3.0]
+
+
+def test_run_fedq_totals_are_the_rounds_records_and_the_ledgers_bytes():
+    """One path through the federation, against the same rounds replayed by hand."""
+    bench = load_benchmark("fedq")
+    mdp = bench.make_mdp(2, 2, 2)
+    path = bench.run_fedq(mdp, 2, "hoeffding", 30, seed=3)
+    fedq = FedQ(2, 2, 2, 2, "hoeffding")
+    ledger, streams = Ledger(), Streams(3)
+    fed = FedQFederation(mdp, fedq, Channel(ledger, streams), streams)
+    state, done, ends, regret = fedq.init(), 0, [], 0.0
+    while done < 30:
+        state, record = fed.run_round(state, len(ends) + 1, 30 - done)
+        done += record.episodes
+        regret += record.regret
+        ends.append(done)
+    assert path.episodes.tolist() == ends and path.rounds.tolist() == list(range(1, len(ends) + 1))
+    assert path.regret[-1] == pytest.approx(regret, rel=1e-12)
+    rows = ledger.rows()
+    assert path.bytes_up == sum(r["bytes_sent"] for r in rows if r["direction"] == Direction.UP.value)
+    assert path.bytes_down == sum(r["bytes_sent"] for r in rows if r["direction"] == Direction.DOWN.value)

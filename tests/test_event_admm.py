@@ -159,3 +159,70 @@ def test_a_reset_makes_all_copies_agree_again():
     assert copies_agree(state, z_before)
     assert fed.executor.pipeline.channel.ledger.round_totals(5, Direction.UP).messages_sent == 5
     assert fed.executor.pipeline.channel.ledger.round_totals(5, Direction.DOWN).messages_sent == 5
+
+
+def w(*values):
+    return {"w": torch.tensor(values, dtype=torch.float64)}
+
+
+def test_the_three_trigger_units_and_the_remembered_z_step_by_hand():
+    """last = (3, 4): ||last|| = 5; a new z 0.5 away from the held one; N = 5 agents."""
+    held = {"z_hat/w": w(0.0, 0.0)["w"], "last/w": w(3.0, 4.0)["w"], "z_step": torch.tensor(0.8)}
+    algorithm = EventADMM(EventADMMConfig(delta=0.5, trigger="relative", progress_fade=0.25))
+    ctx = ctx_for(held, None)
+    assert algorithm.z_step(ctx, w(0.3, 0.4)) == pytest.approx(0.5, rel=1e-12)
+    assert algorithm.z_step(ctx, w(0.0, 0.0)) == pytest.approx(0.25 * 0.8, rel=1e-6)  # nothing new: fade
+    assert algorithm.z_step(ctx_for({"z_hat/w": w(0.0, 0.0)["w"]}, None), w(0.0, 0.0)) == 0.0  # unknown
+    units = algorithm.trigger_units(ctx, w(3.0, 4.0), 0.5)
+    assert units == {"absolute": 1.0, "relative": pytest.approx(5.0), "progress": pytest.approx(2.5)}
+    # relative: send iff ||v - last|| >= Delta ||last|| = 2.5; v = x + u = (4.5, 6) is 2.5 from last
+    for delta, fires in ((0.5, True), (0.5 + 1e-9, False)):
+        relative = EventADMM(EventADMMConfig(delta=delta, trigger="relative"))
+        out = relative.finish(ctx, w(0.3, 0.4), w(0.5, 1.0), w(4.0, 5.0), None, {})
+        assert (out.uplink is not None) == fires
+        assert out.info["trigger_norm"] == pytest.approx(2.5) and out.info["trigger_unit/relative"] == 5.0
+        assert "z_step" not in out.state
+    # progress: unit N * 0.5 = 2.5; the step is remembered in the state for the fade
+    progress = EventADMM(EventADMMConfig(delta=1.0, trigger="progress"))
+    out = progress.finish(ctx, w(0.3, 0.4), w(0.5, 1.0), w(4.0, 5.0), None, {})
+    assert out.uplink is not None and float(out.state["z_step"]) == pytest.approx(0.5)
+    assert out.state["z_step"].dtype == torch.float64
+
+
+def test_thresholds_decay_resets_and_the_default_downlink_threshold():
+    config = EventADMMConfig(delta=8.0, delta_decay=0.5, reset_every=3)
+    assert config.threshold(8.0, 1) == 8.0 and config.threshold(8.0, 4) == 1.0  # Delta decay^(k-1)
+    assert [config.is_reset(k) for k in (1, 2, 3, 4, 6)] == [False, False, True, False, True]
+    assert not EventADMMConfig().is_reset(3)
+    assert config.delta_z == pytest.approx(0.08) and EventADMMConfig(delta=8.0, delta_z=1.0).delta_z == 1.0
+    # a reset round makes every agent send, however small its change
+    quiet = EventADMM(EventADMMConfig(delta=1e6, reset_every=3))
+    assert quiet.finish(ctx_for({}, None, round=3), w(0.0), w(0.0), w(1.0), None, {}).uplink is not None
+    assert quiet.finish(ctx_for({}, None, round=4), w(0.0), w(0.0), w(1.0), None, {}).uplink is None
+
+
+def test_after_a_reset_round_the_server_remembers_the_z_it_broadcast():
+    from taciturn.algorithms.base import Arrival
+
+    algorithm = EventADMM(EventADMMConfig(delta=1.0, delta_z=1e6, reset_every=2))
+    state = algorithm.init_server(w(0.0, 0.0), 2)
+    state.z, state.z_sent = w(1.0, 1.0), w(0.0, 0.0)  # z moved since the last broadcast
+    v = Message({"w": np.array([2.0, 2.0])})
+    after_reset = algorithm.aggregate(state, 2, [Arrival(0, v)])  # round 2 opened with z = (1, 1) to all
+    assert not after_reset.broadcast and torch.equal(after_reset.z_sent["w"], state.z["w"])
+    plain = algorithm.aggregate(state, 3, [Arrival(0, v)])
+    assert torch.equal(plain.z_sent["w"], state.z_sent["w"])
+    torch.testing.assert_close(plain.z["w"], torch.tensor([1.0, 1.0], dtype=torch.float64))  # (2 + 0) / 2
+    assert torch.equal(state.copies["w"], torch.zeros(2, 2, dtype=torch.float64))  # the old table is kept
+
+
+def test_an_agent_that_never_heard_z_stays_silent_and_momentum_can_be_dropped():
+    algorithm = EventADMM(EventADMMConfig(local={"momentum": 0.9}, persistent_momentum=False))
+    assert algorithm.client_begin(ctx_for({}, None)).uplink is None
+    work = algorithm.client_begin(ctx_for({}, Message({"w": np.array([2.0])})))  # first z: u = 0
+    assert torch.equal(work.consts["u"]["w"], torch.zeros(1, dtype=torch.float64)) and work.momentum is None
+    held = {"x_hat/w": torch.tensor([1.0]), "u/w": torch.tensor([0.0]), "z_hat/w": torch.tensor([0.0])}
+    held |= {"last/w": torch.tensor([0.0]), "momentum/w": torch.tensor([7.0])}
+    assert algorithm.client_begin(ctx_for(held, None)).momentum is None
+    out = algorithm.finish(ctx_for({}, None), w(0.0), w(0.0), w(1.0), w(7.0), {})
+    assert not any(k.startswith("momentum/") for k in out.state)

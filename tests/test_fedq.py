@@ -289,3 +289,45 @@ def test_bonus_and_step_size_formulas_by_hand():
     assert bonuses.fedq_burn_in(2, 3, 4, 5) == pytest.approx(
         math.sqrt(2**7 * 12) + math.sqrt(5 * 12 * 2**6), rel=1e-14
     )
+
+
+def test_upload_and_broadcast_carry_exactly_these_arrays():
+    fedq = FedQ(2, 2, 2, 3, "bernstein")
+    count = np.array([[2, 0], [1, 4]])
+    message = fedq.upload(
+        np.array([[0.5, 0.7], [0.2, 0.1]]),  # r_h(x, pi_h(x))
+        count,
+        np.array([[3.0, 9.0], [1.0, 2.0]]),  # sums of next values
+        np.array([[5.0, 9.0], [1.0, 4.0]]),  # sums of their squares
+    )
+    arrays = message.arrays
+    assert arrays["reward"].tolist() == [[0.5, 0.0], [0.2, 0.1]]  # unvisited cells carry zeros
+    assert arrays["count"].tolist() == [[2, 0], [1, 4]]
+    assert arrays["next_value"].tolist() == [[1.5, 0.0], [1.0, 0.5]]
+    assert arrays["next_value_sq"].tolist() == [[2.5, 0.0], [1.0, 1.0]]
+    assert set(FedQ(2, 2, 2, 3).upload(arrays["reward"], count, count * 1.0, count * 1.0).arrays) == {
+        "reward",
+        "count",
+        "next_value",
+    }
+    state = fedq.init()
+    state.q[...] = [[[1.0, 3.0], [2.0, 2.0]], [[5.0, 0.0], [0.5, 0.7]]]
+    state.visits[...] = [[[4, 7], [1, 2]], [[3, 0], [6, 8]]]
+    down = fedq.broadcast(state).arrays
+    assert down["policy"].dtype == np.int32 and down["policy"].tolist() == [[1, 0], [0, 1]]  # ties: first
+    assert down["count"].tolist() == [[7, 1], [3, 8]]  # N under the policy
+    assert down["value"].tolist() == [[2.0, 2.0], [2.0, 0.7]]  # min{H, max_a Q}
+
+
+def test_case_1_refuses_two_samples_from_one_agent_and_bad_sizes_are_refused():
+    fedq = FedQ(2, 2, 2, 3)
+    with pytest.raises(AssertionError, match="at most one sample per agent"):
+        fedq.aggregate(fedq.init(), uploads(fedq, [(0, 2, 1.0)]))  # N = 0 < i0: case 1
+    with pytest.raises(ValueError, match="horizon, states, actions and agents must all be >= 1"):
+        FedQ(2, 2, 2, 0)
+    with pytest.raises(ValueError, match="bonus must be 'hoeffding' or 'bernstein', got 'ucb'"):
+        FedQ(2, 2, 2, 1, "ucb")
+    with pytest.raises(ValueError, match="bonus must be 'hoeffding' or 'bernstein', got 'ucb'"):
+        UCBQLearning(random_mdp(2, 2, 2, np.random.default_rng(0)), bonus="ucb")
+    with pytest.raises(ValueError, match="one Streams per path: got 1 for 2 paths"):
+        ucb.run(UCBQLearning(random_mdp(2, 2, 2, np.random.default_rng(0)), 2), 3, [Streams(0)], np.array([3]))

@@ -359,3 +359,22 @@ def test_blocks_on_threads_give_the_numbers_of_one_thread(monkeypatch):
         torch.set_num_threads(threads)
     assert torch.equal(results[0][0], results[1][0])
     assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1], strict=True))
+
+
+def test_uplink_counts_are_checked_at_their_bounds():
+    algorithm, _ = make_ferret(tiny_params())  # K = 4
+    blocks = len(algorithm.blocks)
+
+    def uplink(counts, coords=None, n=1):
+        counts = np.array(counts, np.uint16)
+        coords = np.zeros(int(counts.sum()) if coords is None else coords, np.float32)
+        return Message({"counts": counts, "coords": coords}, {"num_samples": n})
+
+    assert algorithm.check_uplink_meta(uplink([4] + [0] * (blocks - 1))) is None  # K and 0 are allowed
+    assert algorithm.check_uplink_meta(uplink([5] + [2] * (blocks - 1))) == "basis counts must lie in [0, 4]"
+    assert algorithm.check_uplink_meta(uplink([2] * blocks, coords=2 * blocks + 1)) == (
+        f"{2 * blocks + 1} coordinates for {2 * blocks} announced slots"
+    )
+    assert "num_samples" in algorithm.check_uplink_meta(uplink([2] * blocks, n=0))
+    ctx = ClientContext(0, 1, None, None, 10, algorithm.streams, None, None)
+    assert algorithm.client_begin(ctx).uplink is None  # nothing arrived: silent

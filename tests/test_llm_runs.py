@@ -1,8 +1,13 @@
 """Federated language-model runs end to end through the runner: Ferret, FedKSeed and FedAvg."""
 
+import numpy as np
 import pytest
 
 from taciturn.cli import main
+from taciturn.core.channel import Channel
+from taciturn.core.codec import encode
+from taciturn.core.ledger import Direction
+from taciturn.core.message import Message
 from taciturn.experiments import types
 from taciturn.experiments.config import ConfigError, validate
 from taciturn.experiments.runner import resume, start
@@ -37,14 +42,44 @@ FEDKSEED = {"name": "fedkseed", "seeds": 32, "local": {"steps": 3, "batch_size":
 FEDAVG = {"name": "fedavg", "local": {"steps": 2, "batch_size": 2, "lr": 0.05}}
 
 
-def per_message(rows, direction):
-    last = rows[-1]
-    return last[f"bytes_{direction}"] / last[f"messages_{direction}"]
+class Sent:
+    """Every message the run's Channel carries, with how many copies (a multicast counts one per client)."""
+
+    def __init__(self, monkeypatch):
+        self.messages: dict[str, list[tuple[Direction, Message, int]]] = {}
+        self.run = ""
+        send, multicast = Channel.send, Channel.multicast
+
+        def spy_send(channel, direction, round, client, message):
+            self.messages[self.run].append((direction, message, 1))
+            return send(channel, direction, round, client, message)
+
+        def spy_multicast(channel, direction, round, clients, message):
+            clients = list(clients)
+            self.messages[self.run].append((direction, message, len(clients)))
+            return multicast(channel, direction, round, clients, message)
+
+        monkeypatch.setattr(Channel, "send", spy_send)
+        monkeypatch.setattr(Channel, "multicast", spy_multicast)
+
+    def start(self, name, config, out):
+        self.run = name
+        self.messages[name] = []
+        return types.start(config, out, progress=False)
+
+    def of(self, name, direction):
+        return [(m, n) for d, m, n in self.messages[name] if d == direction]
 
 
-def test_the_three_methods_run_on_one_task_and_ferret_sends_a_tiny_fraction_of_fedavg(tmp_path):
+def payload(message) -> int:
+    return sum(a.nbytes for a in message.arrays.values())
+
+
+def test_the_three_methods_run_on_one_task_and_the_ledger_counts_each_ones_exact_bytes(tmp_path, monkeypatch):
+    sent = Sent(monkeypatch)
+    sequential = {"engine": {"executor": "sequential"}}  # every message crosses this process's Channel
     runs = {
-        a["name"]: types.start(lm_config(a), tmp_path / a["name"], progress=False)
+        a["name"]: sent.start(a["name"], lm_config(a, **sequential), tmp_path / a["name"])
         for a in (FERRET, FEDKSEED, FEDAVG)
     }
     rows = {name: run.read_metrics() for name, run in runs.items()}
@@ -53,11 +88,25 @@ def test_the_three_methods_run_on_one_task_and_ferret_sends_a_tiny_fraction_of_f
         assert {"rougeL", "accuracy", "loss"} <= set(metrics[-1]) and metrics[-1]["messages_up"] == 3 * 3
         assert metrics[-1]["rejected"] == metrics[-1]["failed"] == 0
         assert (runs[name].plots / "partition.png").exists() and runs[name].report.exists()
+        for direction in (Direction.UP, Direction.DOWN):  # the ledger: each copy's encoded length
+            carried = sum(n * len(encode(m)) for m, n in sent.of(name, direction))
+            assert metrics[-1][f"bytes_{direction.value}"] == carried, (name, direction)
     assert rows["ferret"][0]["loss"] == rows["fedavg"][0]["loss"]  # the same w_0 for every method
-    fedavg_up = per_message(rows["fedavg"], "up")
-    assert per_message(rows["ferret"], "up") < fedavg_up / 20
-    assert per_message(rows["fedkseed"], "up") < fedavg_up / 20
-    assert per_message(rows["ferret"], "down") < per_message(rows["fedavg"], "down") / 20
+    # FedAvg sends the whole model (float32) each way: 4 bytes per parameter
+    model = sent.of("fedavg", Direction.DOWN)[0][0]
+    parameters = sum(a.size for a in model.arrays.values())
+    assert all(a.dtype == np.float32 for a in model.arrays.values())
+    assert [payload(m) for m, _ in sent.of("fedavg", Direction.UP)] == [4 * parameters] * 9
+    # Ferret: a uint16 count per block and a float32 coordinate per basis (at most 4 per block)
+    for message, _ in sent.of("ferret", Direction.UP):
+        counts = message.arrays["counts"]
+        assert counts.dtype == np.uint16 and 0 < counts.sum() <= 4 * len(counts)
+        assert payload(message) == 2 * len(counts) + 4 * int(counts.sum())
+        assert payload(message) < 4 * parameters / 20
+    # FedKSeed: an int32 seed and a float32 scalar per distinct seed its 3 local steps drew
+    for message, _ in sent.of("fedkseed", Direction.UP):
+        used = len(message.arrays["seeds"])
+        assert 1 <= used <= 3 and payload(message) == 8 * used
 
 
 def test_a_resumed_ferret_run_ends_with_the_numbers_of_an_uninterrupted_one(tmp_path):

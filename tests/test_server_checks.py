@@ -150,3 +150,52 @@ def test_scaffold_weights_come_from_the_server_not_the_client():
     )
     torch.testing.assert_close(new.params["w"], torch.tensor([2.0]))
     torch.testing.assert_close(new.control["w"], torch.tensor([1.5]))
+
+
+def test_uplink_problem_names_exactly_what_is_wrong():
+    from taciturn.algorithms.base import ArraySpec
+    from taciturn.engine.validation import uplink_problem
+
+    spec = {"a": ArraySpec((2, None), np.dtype(np.float32)), "b": ArraySpec((3,), np.dtype(np.int32))}
+    good = {"a": np.zeros((2, 5), np.float32), "b": np.zeros(3, np.int32)}
+    assert uplink_problem(Message(good), spec) is None
+    assert uplink_problem(Message({"a": good["a"], "c": good["b"]}), spec) == (
+        "missing arrays ['b']; unexpected arrays ['c']"
+    )
+    assert uplink_problem(Message({"a": good["a"]}), spec) == "missing arrays ['b']"
+    assert uplink_problem(Message(good | {"c": good["b"]}), spec) == "unexpected arrays ['c']"
+    for shape in ((3, 5), (2,), (2, 5, 1)):
+        assert uplink_problem(Message(good | {"a": np.zeros(shape, np.float32)}), spec) == (
+            f"array 'a' has shape {shape}, expected (2, None)"
+        )
+    assert uplink_problem(Message(good | {"b": np.zeros(4, np.int32)}), spec) == (
+        "array 'b' has shape (4,), expected (3,)"
+    )
+    assert uplink_problem(Message(good | {"b": np.zeros(3, np.int64)}), spec) == (
+        "array 'b' has dtype int64, expected int32"
+    )
+    bad = np.array([[np.nan, 1.0, np.inf, -np.inf, 0.0]] * 2, np.float32)
+    bad[1] = 0.0
+    assert uplink_problem(Message(good | {"a": bad}), spec) == "array 'a' has 3 non-finite values (NaN/Inf)"
+
+
+def test_state_problem_walks_nested_dataclasses_and_mappings_and_ignores_integers():
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Inner:
+        w: torch.Tensor
+        counts: torch.Tensor
+
+    @dataclasses.dataclass
+    class Outer:
+        inner: Inner
+        duals: dict
+
+    finite = Outer(Inner(torch.ones(3), torch.zeros(2, dtype=torch.int64)), {"x": torch.zeros(2)})
+    assert state_problem(finite) is None
+    assert state_problem(Outer) is None  # a class, not a state
+    broken = Outer(Inner(torch.tensor([float("nan"), 1.0, float("inf")]), torch.zeros(2)), {})
+    assert state_problem(broken) == "the aggregate made inner.w non-finite (2 NaN/Inf values)"
+    in_mapping = Outer(Inner(torch.ones(3), torch.zeros(2)), {"x": torch.tensor([0.0, -float("inf")])})
+    assert state_problem(in_mapping) == "the aggregate made duals.x non-finite (1 NaN/Inf values)"
