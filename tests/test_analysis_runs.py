@@ -1,5 +1,7 @@
 """The lazy-training analysis inside real runs: the centralized twin, resume, errors, report."""
 
+import math
+
 import pytest
 import torch
 
@@ -134,6 +136,9 @@ def test_the_analysis_columns_take_their_exact_values_where_the_answer_is_known(
     linear = start(wide_config(model={"kind": "logreg"}), tmp_path / "linear", progress=False).read_metrics()
     for row in linear[1:]:
         assert row["ntk_change"] == pytest.approx(0.0, abs=1e-6)
+        # f = f_lin exactly for a linear model; what remains is float32 rounding of outputs that grow
+        # with the (diverging, lr 0.5) run: |f| ~ sqrt(test MSE) up to 1e9 here, the RMSE ~1e-7 of it
+        assert row["linearization_rmse"] <= 1e-6 * math.sqrt(row["loss"])
         assert row["divergence"] > 1e-3 and row["weight_change"] > 1e-3  # the model moved; clients differ
     alone = wide_config(partition={"kind": "iid", "num_clients": 1})
     for row in start(alone, tmp_path / "alone", progress=False).read_metrics()[1:]:

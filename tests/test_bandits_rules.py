@@ -214,5 +214,7 @@ def test_bad_rule_settings_are_refused_with_the_reason():
         DynUcb(np.array([[0, 2]]), num_clusters=2)
     with pytest.raises(ValueError, match=r"initial labels must lie in \[0, 2\)"):
         DynUcb(np.array([[-1, 0]]), num_clusters=2)
-    with pytest.raises(ValueError, match="unknown separation test 'nope'; choose one of mahalanobis, ellipsoid_overlap"):
+    with pytest.raises(
+        ValueError, match="unknown separation test 'nope'; choose one of mahalanobis, ellipsoid_overlap"
+    ):
         Bass(1, 2, CONF, test="nope")

@@ -252,7 +252,9 @@ def test_scaffold_server_step_by_hand_and_partial_sums_combine_to_the_whole():
         torch.testing.assert_close(state.params["w"], torch.tensor(x, dtype=torch.float64))
         torch.testing.assert_close(state.control["w"], torch.tensor([c, c], dtype=torch.float64))
         empty = scaffold.accumulate([])
-        halves = scaffold.combine([scaffold.accumulate(arrivals[:1]), empty, scaffold.accumulate(arrivals[1:])])
+        halves = scaffold.combine(
+            [scaffold.accumulate(arrivals[:1]), empty, scaffold.accumulate(arrivals[1:])]
+        )
         combined = scaffold.aggregate(start_state, 1, halves)
         torch.testing.assert_close(combined.params["w"], state.params["w"], rtol=0, atol=1e-15)
         torch.testing.assert_close(combined.control["w"], state.control["w"], rtol=0, atol=1e-15)

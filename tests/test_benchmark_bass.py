@@ -32,7 +32,11 @@ def test_quick_benchmark_writes_final_regret_and_f1_per_setting(tmp_path, monkey
 
 def runs(final_regret, **fields):
     """A method's simulate() output whose last record has these per-repetition values."""
-    out = {"t": np.array([0, 10]), "cpu_s": 1.26, "regret": np.stack([np.zeros(len(final_regret)), final_regret])}
+    out = {
+        "t": np.array([0, 10]),
+        "cpu_s": 1.26,
+        "regret": np.stack([np.zeros(len(final_regret)), final_regret]),
+    }
     for name, last in fields.items():
         out[name] = np.stack([np.zeros(len(last)), np.asarray(last, dtype=float)])
     return out
@@ -96,7 +100,12 @@ def test_the_pilot_picks_the_lowest_mean_regret_relative_to_each_settings_best(m
     scale = {"horizon": 10, "pilot": {"settings": ("N2_C2", "N6_none"), "repetitions": 3}, "repetitions": 10}
     chosen, table = bench.pilot(scale, Progress())
     assert chosen == {"club": (0.1, 1.0)}
-    assert table == {"club": {"N2_C2": {"(0.1, 1.0)": 1.0, "(0.1, 2.0)": 2.0}, "N6_none": {"(0.1, 1.0)": 100.0, "(0.1, 2.0)": 60.0}}}
+    assert table == {
+        "club": {
+            "N2_C2": {"(0.1, 1.0)": 1.0, "(0.1, 2.0)": 2.0},
+            "N6_none": {"(0.1, 1.0)": 100.0, "(0.1, 2.0)": 60.0},
+        }
+    }
     assert set(calls) == {(bench.PILOT_SEED, 3)}  # other seeds than the reported runs, the pilot's size
 
 
@@ -104,8 +113,19 @@ def test_the_table_bolds_the_best_method_that_is_not_told_the_clusters():
     bench = load_benchmark("bass")
     methods = bench.METHODS + bench.EXTRA
     regret = {m: 5.0 + i for i, m in enumerate(methods)} | {"oracle": 1.0, "club": 2.0}
-    results = {"N2_C2": {m: runs(np.full(2, regret[m]), f1=[1, 1], bytes_up=[0, 0], bytes_down=[0, 0],
-                                  messages_up=[0, 0], messages_down=[0, 0]) for m in methods}}
+    results = {
+        "N2_C2": {
+            m: runs(
+                np.full(2, regret[m]),
+                f1=[1, 1],
+                bytes_up=[0, 0],
+                bytes_down=[0, 0],
+                messages_up=[0, 0],
+                messages_down=[0, 0],
+            )
+            for m in methods
+        }
+    }
     text = bench.tables_markdown(bench.summarise(results), {"club": (0.25, 2.0), "pooled": (0.4, None)}, {})
     row = next(line for line in text.splitlines() if line.startswith("| N2_C2 |") and "±" in line)
     cells = dict(zip(methods, row.split(" | ")[1:], strict=True))

@@ -9,7 +9,6 @@ from rich.console import Console
 from taciturn.core import Channel, Ledger, Streams
 from taciturn.core.ledger import Direction
 from taciturn.rl import FedQ, FedQFederation
-
 from tests.benchmark_module import load_benchmark
 
 

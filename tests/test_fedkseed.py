@@ -128,14 +128,17 @@ def test_uplink_checks_at_their_boundaries():
     assert algorithm.check_uplink_meta(uplink([])) is None  # no step changed anything
     for seeds in ([-1, 2], [2, 8], [3, 3]):  # below, above, repeated
         assert algorithm.check_uplink_meta(uplink(seeds)) == "seeds must be distinct, ascending and in [0, 8)"
-    assert algorithm.check_uplink_meta(
-        Message({"seeds": np.array([1], np.int32), "grads": np.ones(2, np.float32)}, {"num_samples": 4})
-    ) == "1 seeds but 2 scalar gradients"
+    assert (
+        algorithm.check_uplink_meta(
+            Message({"seeds": np.array([1], np.int32), "grads": np.ones(2, np.float32)}, {"num_samples": 4})
+        )
+        == "1 seeds but 2 scalar gradients"
+    )
     assert "num_samples" in algorithm.check_uplink_meta(uplink([1], n=0))
     assert algorithm.client_begin(context(algorithm, 0, 1, None)).uplink is None  # nothing arrived
 
 
 @pytest.mark.parametrize("local", [{"weight_decay": 0.1}, {"clip_norm": 1.0}])
 def test_fedkseed_refuses_weight_decay_and_clipping_too(local):
-    with pytest.raises(ValueError, match="remove algorithm.local.momentum, weight_decay and clip_norm"):
+    with pytest.raises(ValueError, match=r"remove algorithm\.local\.momentum, weight_decay and clip_norm"):
         FedKSeedConfig(local=local)

@@ -330,4 +330,6 @@ def test_case_1_refuses_two_samples_from_one_agent_and_bad_sizes_are_refused():
     with pytest.raises(ValueError, match="bonus must be 'hoeffding' or 'bernstein', got 'ucb'"):
         UCBQLearning(random_mdp(2, 2, 2, np.random.default_rng(0)), bonus="ucb")
     with pytest.raises(ValueError, match="one Streams per path: got 1 for 2 paths"):
-        ucb.run(UCBQLearning(random_mdp(2, 2, 2, np.random.default_rng(0)), 2), 3, [Streams(0)], np.array([3]))
+        ucb.run(
+            UCBQLearning(random_mdp(2, 2, 2, np.random.default_rng(0)), 2), 3, [Streams(0)], np.array([3])
+        )

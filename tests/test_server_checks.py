@@ -199,3 +199,7 @@ def test_state_problem_walks_nested_dataclasses_and_mappings_and_ignores_integer
     assert state_problem(broken) == "the aggregate made inner.w non-finite (2 NaN/Inf values)"
     in_mapping = Outer(Inner(torch.ones(3), torch.zeros(2)), {"x": torch.tensor([0.0, -float("inf")])})
     assert state_problem(in_mapping) == "the aggregate made duals.x non-finite (1 NaN/Inf values)"
+    assert (
+        state_problem({"w": torch.tensor([float("nan")])})
+        == "the aggregate made w non-finite (1 NaN/Inf values)"
+    )

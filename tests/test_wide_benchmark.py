@@ -91,7 +91,11 @@ def test_theory_summary_averages_divergence_over_trained_rounds_and_takes_the_re
     monkeypatch.setattr(wide_fedavg, "kernel_floor", lambda config, rundir: floor)
     summary = wide_fedavg.theory_summary(None, Run())
     assert summary["divergence"] == 3.0  # (1 + 2 + 6) / 3: round 0 has no divergence
-    assert (summary["ntk_change"], summary["linearization_rmse"], summary["weight_change"]) == (0.6, 0.06, 6.0)
+    assert (summary["ntk_change"], summary["linearization_rmse"], summary["weight_change"]) == (
+        0.6,
+        0.06,
+        6.0,
+    )
     assert {k: summary[k] for k in floor} == floor
 
 
@@ -100,26 +104,33 @@ def test_theory_table_means_over_seeds_then_fits_the_slope_against_width(monkeyp
     one seed at a width gives no interval."""
     import dataclasses
 
-    scale = dataclasses.replace(wide_fedavg.QUICK, widths=(64, 256), taus=(5,), seeds=(0, 1), seeds_widest=(0,))
+    scale = dataclasses.replace(
+        wide_fedavg.QUICK, widths=(64, 256), taus=(5,), seeds=(0, 1), seeds_widest=(0,)
+    )
     values = {"n64-tau5-seed0": 0.2, "n64-tau5-seed1": 0.3, "n256-tau5-seed0": 0.125}
     columns = [column for column, _ in wide_fedavg.THEORY_QUANTITIES.values()]
     columns += ["floor", "test_loss", "centralized_test_loss"]
-    monkeypatch.setattr(
-        wide_fedavg, "theory_summary", lambda config, key: {c: values[key] for c in columns}
-    )
+    monkeypatch.setattr(wide_fedavg, "theory_summary", lambda config, key: {c: values[key] for c in columns})
     table = wide_fedavg.theory_table(scale, {key: key for key in values}, {key: None for key in values})
     assert table["mean"][5][64]["divergence"] == pytest.approx(0.25, rel=1e-12)
     assert table["mean"][5][256]["ntk_change"] == 0.125
-    assert table["slopes"][5] == pytest.approx({name: -0.5 for name in wide_fedavg.THEORY_QUANTITIES}, rel=1e-12)
+    assert table["slopes"][5] == pytest.approx(
+        {name: -0.5 for name in wide_fedavg.THEORY_QUANTITIES}, rel=1e-12
+    )
     assert table["slope_ci"][5] == {name: None for name in wide_fedavg.THEORY_QUANTITIES}
     with pytest.raises(KeyError):  # the widest width's other seeds are not read
         wide_fedavg.theory_table(
-            dataclasses.replace(scale, seeds_widest=(0, 1)), {key: key for key in values}, dict.fromkeys(values)
+            dataclasses.replace(scale, seeds_widest=(0, 1)),
+            {key: key for key in values},
+            dict.fromkeys(values),
         )
     layers = {64: {"input layer": 0.5}, 256: {"input layer": 0.25}}
     practical = {1: {"lr": 0.1, "iid": 0.9, "non-iid": 0.8, "gap_points": 10.0, "gap_ci": [4.0, 16.0]}}
     lines = wide_fedavg.markdown(scale, table, layers, practical, "cmd", 1.0).splitlines()
-    assert "| (b) client divergence (effective weights) | -0.50 | n/a (a width with one seed) | (-0.50) |" in lines
+    assert (
+        "| (b) client divergence (effective weights) | -0.50 | n/a (a width with one seed) | (-0.50) |"
+        in lines
+    )
     assert "| 64 | 0.2500 | 0.2500 | 0.2500 | 0.2500 | 0.2500 | 0.2500 | 0.2500 / 0.2500 |" in lines
     assert "| 256 | 0.1250 | 0.1250 | 0.1250 | 0.1250 | 0.1250 | 0.1250 | 0.1250 / 0.1250 |" in lines
     assert "| 64 | 0.5000 |" in lines and "| 256 | 0.2500 |" in lines  # (b) by layer

@@ -54,7 +54,7 @@ def _tensors(value: Any, path: str) -> Iterator[tuple[str, torch.Tensor]]:
         yield path, value
     elif isinstance(value, Mapping):
         for key, item in value.items():
-            yield from _tensors(item, f"{path}.{key}")
+            yield from _tensors(item, f"{path}.{key}" if path else str(key))
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         for f in dataclasses.fields(value):
             yield from _tensors(getattr(value, f.name), f"{path}.{f.name}" if path else f.name)
