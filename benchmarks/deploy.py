@@ -1,28 +1,33 @@
-"""taciturn on Flower's deployment runtime: the bytes on the wire against the payload (issue 17).
+"""taciturn on Flower's deployment runtime with real processes on loopback (issue 17).
 
-Each run goes through the deployed code path (ServerApp round loop, Grid executor, ClientApp,
-node-side state) with Flower's own messages and serialization, delivered in this process
-(deploy/inprocess.py) instead of through a SuperLink, so the framing Flower adds to taciturn's
-payloads is measured exactly; HTTP/TLS framing on a real network comes on top and is not counted.
-
-* W2's model (784-200-200-10 MLP, Fashion-MNIST, 100 clients, 10 per round; one client per node),
-  FedAvg: wire bytes against payload bytes, and the deployed metrics against the simulation's.
+* W2's model (784-200-200-10 MLP, Fashion-MNIST, 100 clients, 10 a round), FedAvg, 20 rounds:
+  a SuperLink with TLS and SuperNode authentication and 10 registered SuperNodes (10 clients
+  each), the run started with `flwr run`; the same config simulated (sequential executor). Round
+  time (wall_s / rounds: every ClientApp process start, TLS and gRPC included), wire bytes
+  against payload bytes (target: framing <= 5% of the payload), and the deployed metrics
+  against the simulation's.
+* A node stopped when its round-2 request arrives and restarted at once (SCAFFOLD, 10 nodes with
+  one client each, 3 rounds): it is dropped in round 2 and in round 3 trains from the state it
+  persisted in round 1 (``killed_node_caught_up``); a node with an unregistered key is refused
+  (``unregistered_node_refused``).
 * The demo's pair (10 agents, one class each, MLP 200): FedAvg against event-based ADMM with the
-  demo's thresholds, on the wire: what the silent triggers save once every message's frame counts.
+  demo's thresholds, 10 rounds, on the wire: what the silent triggers save once every message's
+  frame counts. Its bytes come from the same serialization whether the messages cross a network
+  or not, so this part runs in process (deploy/inprocess.py).
 
-Not measured here: round time with real processes (SuperLink and SuperNodes on loopback), which
-needs a machine with cores to spare; tests/test_deploy_e2e.py runs that path for correctness.
+    python benchmarks/deploy.py --quick    # W2 3 rounds, the pair 2 rounds: a smoke run
+    python benchmarks/deploy.py            # W2 20 rounds; results and docs
 
-    python benchmarks/deploy.py --quick    # 2 rounds each: a smoke run
-    python benchmarks/deploy.py            # W2 3 rounds, demo pair 10 rounds; results and docs
+CPU-heavy (each request starts a ClientApp process): run it on an otherwise idle machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
-import math
+import sys
 import tempfile
 from importlib import resources
 from pathlib import Path
@@ -36,7 +41,14 @@ from taciturn.deploy.settings import ServerSettings
 from taciturn.experiments import types
 from taciturn.experiments.config import read_tree, validate
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the test suite's process helpers
+from tests.conftest import tiny_config
+from tests.deploy_processes import Federation, Processes
+
 RESULTS = Path(__file__).resolve().parent / "results"
+NODES = 10
+BOOT_S = 300
+ROUND_TIMEOUT_S = 600.0
 
 
 def traffic(ledger: Path) -> dict[str, int]:
@@ -49,21 +61,28 @@ def traffic(ledger: Path) -> dict[str, int]:
     return totals
 
 
-def deploy(config, out: Path) -> Path:
+def deploy_in_process(config, out: Path) -> Path:
     hosts = [[c] for c in range(config.partition.num_clients)]  # one client per node
     grid = InProcessGrid(config, hosts, out / "nodes")
-    return run_deployed(grid, ServerSettings(config, out / "run", True, 600.0)).path
+    return run_deployed(grid, ServerSettings(config, out / "run", True, ROUND_TIMEOUT_S)).path
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 def parity(a: Path, b: Path) -> float:
-    rows = [[json.loads(line) for line in (p / "metrics.jsonl").read_text().splitlines()] for p in (a, b)]
     diffs = [
         abs(x[k] - y[k])
-        for x, y in zip(*rows, strict=True)
+        for x, y in zip(metrics(a), metrics(b), strict=True)
         for k in x
         if k != "wall_s" and isinstance(x[k], float) and isinstance(y[k], float)
     ]
     return max(diffs, default=0.0)
+
+
+def round_s(run: Path, rounds: int) -> float:
+    return metrics(run)[-1]["wall_s"] / rounds  # wall_s: the rounds' time, evaluations excluded
 
 
 def demo_config(name: str, rounds: int):
@@ -73,76 +92,159 @@ def demo_config(name: str, rounds: int):
     return validate(tree, str(path))
 
 
+def killed_node_caught_up(federation: Federation) -> bool:
+    """SCAFFOLD over NODES nodes of one client each: node NODES is stopped at its round-2 request
+    and restarted; it must be dropped in round 2 and train round 3 from its round-1 state."""
+    client = NODES - 1
+    config = tiny_config(
+        name="deploy-kill",
+        rounds=3,
+        partition={"kind": "dirichlet", "num_clients": NODES, "alpha": 1.0, "min_size": 5},
+        algorithm={"name": "scaffold", "fraction": 1.0, "local": {"batch_size": 16, "lr": 0.1}},
+    )
+    run, folder, held = federation.kill_and_restart(
+        NODES, 2, lambda: federation.submit(config, round_timeout=ROUND_TIMEOUT_S)
+    )
+    federation.finish(run, BOOT_S * 3)
+    kept = [
+        held[n]
+        for n in (f"client-{client}.round-1.staged.safetensors", f"client-{client}.safetensors")
+        if n in held
+    ]
+    delivered = [r["delivered_up"] for r in run.read_metrics()]
+    dropped_then_back = [b - a for a, b in itertools.pairwise(delivered)] == [NODES, NODES - 1, NODES]
+    committed = folder / f"client-{client}.safetensors"
+    return (
+        dropped_then_back
+        and len(kept) == 1
+        and committed.exists()
+        and committed.read_bytes() == kept[0]
+        and (folder / f"client-{client}.round-3.staged.safetensors").exists()
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--quick", action="store_true", help="2 rounds each: a smoke run (results/deploy_quick.json)"
+        "--quick",
+        action="store_true",
+        help="W2 3 rounds, the pair 2: a smoke run (results/deploy_quick.json)",
     )
     args = parser.parse_args()
-    w2_rounds, pair_rounds = (2, 2) if args.quick else (3, 10)
+    w2_rounds, pair_rounds = (3, 2) if args.quick else (20, 10)
     tree = workload_tree("W2", quick=True) | {"rounds": w2_rounds, "engine": {"executor": "sequential"}}
     tree["eval"] = {"every": w2_rounds, "batch_size": 1000}
     w2 = validate(tree, "W2")
-    rows, results = [], {}
+    per_node = w2.partition.num_clients // NODES
+    hosts = [",".join(str(c) for c in range(i * per_node, (i + 1) * per_node)) for i in range(NODES)]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        deployed = deploy(w2, root / "w2")
-        simulated = types.start(w2, root / "w2-sim" / "run", report=False, progress=False).path
-        w2_traffic = traffic(deployed / "ledger.csv")
-        results["w2_fedavg"] = w2_traffic | {"parity_max_abs_diff": parity(deployed, simulated)}
+        simulated = types.start(w2, root / "w2-sim", report=False, progress=False).path
+        processes = Processes(root / "federation")
+        try:
+            federation = Federation(root / "federation", processes, hosts, BOOT_S)
+            federation.strangers()
+            deployed = federation.finish(federation.submit(w2, ROUND_TIMEOUT_S), BOOT_S * w2_rounds).path
+            w2_traffic = traffic(deployed / "ledger.csv")
+            result = {
+                "nodes": NODES,
+                "rounds": w2_rounds,
+                "tls": True,
+                "node_auth": True,
+                "parity_max_abs_diff": parity(deployed, simulated),
+                "wire_bytes": w2_traffic["wire_bytes"],
+                "payload_bytes": w2_traffic["payload_bytes"],
+                "round_s": {
+                    "deployed": round_s(deployed, w2_rounds),
+                    "simulated": round_s(simulated, w2_rounds),
+                },
+            }
+            unregistered_refused = federation.refused("stranger", "Failed to activate SuperNode")
+            no_ca_refused = federation.refused("no-ca", "CERTIFICATE_VERIFY_FAILED")
+            for key in range(1, NODES + 1):  # the same nodes, now one client each
+                processes.stop(f"node-{key}")
+            federation.hosts = [str(c) for c in range(NODES)]
+            for key in range(1, NODES + 1):
+                federation.node(f"node-{key}", key, *federation.with_ca)
+            result["killed_node_caught_up"] = killed_node_caught_up(federation)
+            result["unregistered_node_refused"] = unregistered_refused
+        finally:
+            processes.close()
+        pair = {}
         for name in ("demo.toml", "demo_event_admm.toml"):
             config = demo_config(name, pair_rounds)
-            results[config.algorithm.name] = traffic(
-                deploy(config, root / config.algorithm.name) / "ledger.csv"
+            pair[config.algorithm.name] = traffic(
+                deploy_in_process(config, root / config.algorithm.name) / "ledger.csv"
             )
-    for label, r in results.items():
-        overhead = r["wire_bytes"] / r["payload_bytes"] - 1 if r["payload_bytes"] else math.nan
-        r["framing_overhead"] = overhead
-        rows.append(
-            [label, r["payload_messages"], r["payload_bytes"], r["wire_bytes"], f"{100 * overhead:.3f}%"]
-        )
-    saving = 1 - results["event_admm"]["wire_bytes"] / results["fedavg"]["wire_bytes"]
+    framing = result["wire_bytes"] / result["payload_bytes"] - 1
+    saving = 1 - pair["event_admm"]["wire_bytes"] / pair["fedavg"]["wire_bytes"]
+    rows = [
+        [
+            f"W2 FedAvg, {NODES} SuperNodes (TLS, node auth)",
+            w2_traffic["payload_messages"],
+            result["payload_bytes"],
+            result["wire_bytes"],
+            f"{100 * framing:.3f}%",
+        ],
+    ] + [
+        [
+            f"demo pair {label} (in process)",
+            r["payload_messages"],
+            r["payload_bytes"],
+            r["wire_bytes"],
+            f"{100 * (r['wire_bytes'] / r['payload_bytes'] - 1):.3f}%",
+        ]
+        for label, r in pair.items()
+    ]
     table = markdown_table(["run", "messages with a model", "payload bytes", "wire bytes", "framing"], rows)
-    print(table)
-    print(f"event-based ADMM's wire bytes against FedAvg's ({pair_rounds} rounds): -{100 * saving:.1f}%")
-    print(
-        f"W2 deployed vs simulated metrics, max abs difference: {results['w2_fedavg']['parity_max_abs_diff']}"
+    times = markdown_table(
+        ["W2 FedAvg", "s / round"],
+        [
+            ["deployed (real processes)", f"{result['round_s']['deployed']:.2f}"],
+            ["simulated (sequential)", f"{result['round_s']['simulated']:.2f}"],
+        ],
     )
+    print(table, "\n")
+    print(times, "\n")
+    print(json.dumps(result, indent=1))
+    print(f"event-based ADMM's wire bytes against FedAvg's ({pair_rounds} rounds): -{100 * saving:.1f}%")
+    print(f"a node without the CA refused: {no_ca_refused}")
     command = "python benchmarks/deploy.py" + (" --quick" if args.quick else "")
-    summary = {
-        "command": command,
-        "transport": "in-process Flower messages (Flower's serialization, no network)",
-        "nodes": w2.partition.num_clients,
-        "rounds": w2_rounds,
-        "tls": None,  # not measured: no network in this benchmark
-        "node_auth": None,
-        "parity_max_abs_diff": results["w2_fedavg"]["parity_max_abs_diff"],
-        "wire_bytes": results["w2_fedavg"]["wire_bytes"],
-        "payload_bytes": results["w2_fedavg"]["payload_bytes"],
-        "round_s": {"deployed": None, "simulated": None},  # needs real processes on an idle machine
-        "event_admm_wire_saving_vs_fedavg": saving,
-        "runs": results,
-    }
     RESULTS.mkdir(exist_ok=True)
     name = "deploy_quick.json" if args.quick else "deploy.json"
-    (RESULTS / name).write_text(json.dumps(summary, indent=1))
+    (RESULTS / name).write_text(json.dumps(result, indent=1))
+    details = {
+        "command": command,
+        "framing_overhead": framing,
+        "event_admm_wire_saving_vs_fedavg": saving,
+        "no_ca_node_refused": no_ca_refused,
+        "demo_pair_in_process": pair,
+        "w2_traffic": w2_traffic,
+    }
+    (RESULTS / name.replace(".json", "_details.json")).write_text(json.dumps(details, indent=1))
+    if args.quick:
+        return
     body = (
-        ("**Smoke run** (2 rounds each, one seed): bytes only, no claim. " if args.quick else "")
-        + f"Command: `{command}` (results: `benchmarks/results/{name}`). Deployed code path with "
-        "Flower's messages and serialization, delivered in process: wire bytes are every serialized "
-        "Flower message (requests and replies with no model included), payload bytes are taciturn's "
-        f"safetensors messages as in simulation. W2's model, FedAvg, {w2_rounds} rounds, 10 clients a "
-        f"round, one client per node; the demo pair, {pair_rounds} rounds, 10 agents.\n\n"
+        f"Command: `{command}` (results: `benchmarks/results/{name}`, details in "
+        f"`benchmarks/results/deploy_details.json`), one seed, on this project's shared 2-core machine. "
+        f"W2's model, FedAvg, {w2_rounds} rounds, 10 clients a round: a SuperLink with TLS and SuperNode "
+        f"authentication and {NODES} registered SuperNodes (10 clients each) on loopback, started with "
+        "`flwr run`; every request starts a ClientApp process on its node, as Flower's default isolation "
+        "does. Wire bytes are every serialized Flower message (requests and replies with no model "
+        "included), payload bytes taciturn's safetensors messages as in simulation; gRPC/HTTP2/TLS "
+        "framing comes on top.\n\n"
         + table
-        + f"\n\nEvent-based ADMM's wire bytes are {100 * saving:.1f}% below FedAvg's on the demo pair "
-        f"({pair_rounds} rounds, one seed: a measurement of bytes, not a claim about accuracy). "
-        f"W2 deployed against simulated metrics: max absolute difference "
-        f"{results['w2_fedavg']['parity_max_abs_diff']:.3g}. Round times with real processes are "
-        "not measured (see docs/deploy.md; tests/test_deploy_e2e.py checks that path)."
+        + "\n\n"
+        + times
+        + "\n\nDeployed against simulated metrics: max absolute difference "
+        f"{result['parity_max_abs_diff']:.3g}. "
+        f"A node stopped at its round-2 request and restarted caught up with its persisted state: "
+        f"{result['killed_node_caught_up']}; a node with an unregistered key was refused: "
+        f"{result['unregistered_node_refused']}; one without the CA: {no_ca_refused}. "
+        f"Event-based ADMM's wire bytes are {100 * saving:.1f}% below FedAvg's on the demo pair "
+        f"({pair_rounds} rounds, one seed: a measurement of bytes, not a claim about accuracy)."
     )
-    replace_section(
-        "deploy", body, "taciturn on Flower's deployment runtime: wire against payload (issue 17)"
-    )
+    replace_section("deploy", body, "taciturn on Flower's deployment runtime (issue 17)")
 
 
 if __name__ == "__main__":

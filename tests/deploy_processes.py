@@ -1,4 +1,5 @@
-"""Real Flower processes on loopback for the end-to-end test: a SuperLink, SuperNodes, `flwr run`.
+"""Real Flower processes on loopback for the end-to-end test and benchmarks/deploy.py: a SuperLink,
+SuperNodes, `flwr run`.
 
 Every port is a free one the kernel gave us; every process is started here, remembered by its id,
 and ended in ``close`` (SIGTERM, then SIGKILL). Flower starts helpers in their own sessions
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import taciturn
 
@@ -45,7 +47,8 @@ class Processes:
 
     def start(self, name: str, runtime_port: int, *args: str) -> subprocess.Popen:
         """Start ``args``; ``runtime_port`` is the port its helpers reach it on (--port)."""
-        with (self.logs / f"{name}.log").open("w") as log:
+        starts = len(list(self.logs.glob(f"{name}.*log")))
+        with (self.logs / f"{name}.{starts}.log").open("w") as log:
             proc = subprocess.Popen(
                 [str(BIN / args[0]), *args[1:]],
                 env=self.env,
@@ -62,7 +65,8 @@ class Processes:
         )
 
     def log(self, name: str) -> str:
-        return (self.logs / f"{name}.log").read_text(errors="replace")
+        """Everything ``name`` wrote, over all its starts."""
+        return "".join(p.read_text(errors="replace") for p in sorted(self.logs.glob(f"{name}.*log")))
 
     def wait_for_port(self, port: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -113,3 +117,121 @@ def _end(pid: int, proc: subprocess.Popen | None) -> None:
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
             time.sleep(0.05)
+
+
+def wait_for(predicate, timeout: float, what: str):
+    """``predicate()``'s first true value, polled every 0.1 s for at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.1)
+    raise TimeoutError(what)
+
+
+class Federation:
+    """A SuperLink with TLS and SuperNode authentication, and registered SuperNodes, on loopback.
+
+    ``hosts[i]`` is the client ids node ``i + 1`` hosts ("0,1"); node ``i + 1`` authenticates with
+    key ``node-<i+1>`` and keeps its state in ``state-<i+1>``. Key ``node-<len(hosts)+1>`` is made
+    but never registered (``strangers`` starts a node with it, and one without the CA)."""
+
+    def __init__(self, root: Path, processes: Processes, hosts: list[str], boot_s: float):
+        from taciturn.deploy.certs import make_credentials
+
+        self.root, self.processes, self.hosts, self.boot_s = root, processes, hosts, boot_s
+        self.creds = make_credentials(root / "creds", nodes=len(hosts) + 1)
+        self.link = free_port()
+        home = root / "flwr-home"
+        home.mkdir(exist_ok=True)
+        (home / "config.toml").write_text(
+            '[superlink]\ndefault = "local"\n\n[superlink.local]\n'
+            f'address = "127.0.0.1:{self.link}"\nroot-certificates = "{self.creds["ca.crt"]}"\n'
+        )
+        processes.start(
+            "superlink", self.link, "flower-superlink",
+            "--ssl-ca-certfile", str(self.creds["ca.crt"]),
+            "--ssl-certfile", str(self.creds["server.crt"]),
+            "--ssl-keyfile", str(self.creds["server.key"]),
+            "--enable-supernode-auth",
+            "--disable-runtime-dependency-installation",
+            "--host", "127.0.0.1", "--port", str(self.link),
+        )  # fmt: skip
+        processes.wait_for_port(self.link, boot_s)
+        for key in range(1, len(hosts) + 1):
+            pub = str(self.creds[f"node-{key}.pub"])
+            done = processes.run("flwr", "supernode", "register", pub, "local", timeout=boot_s)
+            if done.returncode != 0:
+                raise RuntimeError(f"flwr supernode register failed: {done.stdout}{done.stderr}")
+        for key in range(1, len(hosts) + 1):
+            self.node(f"node-{key}", key, *self.with_ca)
+
+    @property
+    def with_ca(self) -> tuple[str, ...]:
+        return ("--root-certificates", str(self.creds["ca.crt"]))
+
+    def state_dir(self, key: int) -> Path:
+        return self.root / f"state-{key}"
+
+    def node(self, name: str, key: int, *flags: str, clients: str | None = None) -> None:
+        """Start a SuperNode ``name`` with key ``node-<key>``, hosting ``hosts[key - 1]``."""
+        port = free_port()
+        clients = self.hosts[key - 1] if clients is None else clients
+        self.processes.start(
+            name, port, "flower-supernode", *flags,
+            "--superlink", f"127.0.0.1:{self.link}", "--port", str(port),
+            "--auth-supernode-private-key", str(self.creds[f"node-{key}"]),
+            "--node-config", f'clients="{clients}" state-dir="{self.state_dir(key)}"',
+        )  # fmt: skip
+
+    def strangers(self) -> None:
+        """A node whose key was never registered, and one with a registered key but no CA."""
+        give_up = ("--max-retries", "2", "--max-wait-time", "30")
+        self.node("stranger", len(self.hosts) + 1, *self.with_ca, *give_up, clients=self.hosts[0])
+        self.node("no-ca", 1, *give_up)
+
+    def refused(self, name: str, reason: str) -> bool:
+        """Whether node ``name`` gave up with ``reason`` in its log."""
+        proc, _ = self.processes.procs[name]
+        wait_for(lambda: proc.poll() is not None, self.boot_s, f"{name} kept running")
+        return proc.returncode != 0 and reason in self.log(name)
+
+    def log(self, name: str) -> str:
+        return self.processes.log(name)
+
+    def submit(self, config, round_timeout: float, min_nodes: int | None = None):
+        """Start ``config`` with `flwr run`; the server waits for ``min_nodes`` nodes (all by
+        default) at the start of each round. The run directory it writes."""
+        from taciturn.deploy.app_folder import write_app
+        from taciturn.report.rundir import RunDir
+
+        app, out = self.root / f"app-{config.name}", self.root / f"deployed-{config.name}"
+        write_app(app, config, out, round_timeout=round_timeout, min_nodes=min_nodes or len(self.hosts))
+        started = self.processes.run("flwr", "run", str(app), "local", timeout=self.boot_s)
+        if started.returncode != 0:
+            raise RuntimeError(f"flwr run failed: {started.stdout}{started.stderr}")
+        return RunDir(out)
+
+    def kill_and_restart(self, key: int, round: int, submit) -> tuple[Any, Path, dict[str, bytes]]:
+        """``submit()`` a run; when node ``key`` receives its request of ``round``, stop it
+        (SIGTERM: it leaves the SuperLink as a stopped machine does, and its helpers go too) and
+        start it again at once with the same key and state folder. The run directory, the node's
+        state folder of that run, and the files it held when it was stopped."""
+        name = f"node-{key}"
+        mark = f"ROUND {round}]"  # the SuperNode logs each message's group id: the round
+        seen = self.log(name).count(mark)
+        folder = self.state_dir(key)
+        earlier = set(folder.iterdir()) if folder.exists() else set()
+        rundir = submit()
+        wait_for(
+            lambda: self.log(name).count(mark) > seen, self.boot_s * 3, f"{name} never got round {round}"
+        )
+        self.processes.stop(name)
+        (run_folder,) = set(folder.iterdir()) - earlier
+        held = {p.name: p.read_bytes() for p in run_folder.iterdir()}
+        self.node(name, key, *self.with_ca)
+        return rundir, run_folder, held
+
+    def finish(self, rundir, timeout: float):
+        wait_for(lambda: (rundir.path / "report.html").exists(), timeout, f"{rundir.path} did not finish")
+        return rundir

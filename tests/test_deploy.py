@@ -2,6 +2,7 @@
 
 import csv
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
@@ -45,7 +46,7 @@ def ledger(rundir: RunDir) -> list[dict]:
 
 def deploy(config, tmp_path, lose=()):
     grid = InProcessGrid(config, HOSTS, tmp_path / "nodes", lose)
-    rundir = run_deployed(grid, ServerSettings(config, tmp_path / "deployed", False, 5.0))
+    rundir = run_deployed(grid, ServerSettings(config, tmp_path / "deployed", False, 1.0))
     return rundir, grid
 
 
@@ -130,6 +131,8 @@ def test_bad_settings_fail_clearly():
         NodeSettings.from_node_config({"clients": "a,b", "state-dir": "/tmp/x"})
     with pytest.raises(DeployError, match="network decides"):
         ServerSettings.from_run_config({"taciturn-config": "[channel]\ndrop_up = 0.1\n", "out": "/tmp/run"})
+    with pytest.raises(DeployError, match="min-nodes"):
+        ServerSettings.from_run_config({"taciturn-config": "", "out": "/tmp/run", "min-nodes": 0})
 
 
 def test_app_folder_carries_the_config_flower_hands_the_server(tmp_path):
@@ -138,7 +141,7 @@ def test_app_folder_carries_the_config_flower_hands_the_server(tmp_path):
     from taciturn.deploy.app_folder import write_app
 
     config = tiny_config(rounds=2)
-    pyproject = write_app(tmp_path / "app", config, tmp_path / "run", round_timeout=30)
+    pyproject = write_app(tmp_path / "app", config, tmp_path / "run", round_timeout=30, min_nodes=2)
     flwr = tomllib.loads(pyproject.read_text())["tool"]["flwr"]
     assert flwr["app"]["components"] == {
         "serverapp": "taciturn.deploy.server_app:app",
@@ -146,7 +149,7 @@ def test_app_folder_carries_the_config_flower_hands_the_server(tmp_path):
     }
     settings = ServerSettings.from_run_config(flwr["app"]["config"])
     assert settings.config == config and settings.out == (tmp_path / "run").resolve()
-    assert settings.round_timeout == 30.0 and settings.overwrite is False
+    assert settings.round_timeout == 30.0 and settings.overwrite is False and settings.min_nodes == 2
     with pytest.raises(DeployError, match="exists"):
         write_app(tmp_path / "app", config, tmp_path / "run")
     with pytest.raises(DeployError, match="network decides"):
@@ -195,8 +198,8 @@ def test_a_node_down_for_two_rounds_catches_up_with_its_persisted_state(tmp_path
         InProcessGrid(steady, HOSTS, tmp_path / "steady"), ServerSettings(steady, tmp_path / "s", False, 5.0)
     )
     for client in (3, 4, 5):
-        restarted = NodeStateStore(tmp_path / "nodes" / "node2").get(client)
-        never_down = NodeStateStore(tmp_path / "steady" / "node2").get(client)
+        restarted = NodeStateStore(tmp_path / "nodes" / "node2" / "run-1").get(client)
+        never_down = NodeStateStore(tmp_path / "steady" / "node2" / "run-1").get(client)
         assert restarted.keys() == never_down.keys()
         assert all(torch.equal(restarted[k], never_down[k]) for k in restarted)
 
@@ -212,3 +215,44 @@ def test_report_and_compare_read_a_deployed_run_like_a_simulated_one(tmp_path):
     by_run = list(table.values())
     assert len(by_run) == 2 and by_run[0]["MB up"] == by_run[1]["MB up"]
     assert by_run[0]["final accuracy"] == by_run[1]["final accuracy"]
+
+
+def npz_data(path: str):
+    """A data.factory reading one .npz file (the four tensors taciturn.data.user accepts); it
+    leaves ``<path>.read`` behind, so a test sees which files were read."""
+    import numpy as np
+
+    Path(path + ".read").touch()
+    d = np.load(path)
+    return d["x"], d["y"], d["x_test"], d["y_test"]
+
+
+def test_each_node_reads_the_data_files_at_its_own_paths(tmp_path):
+    """The run's [data] names the server's copy; each node's data.* setting points at its own."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    arrays = {
+        "x": rng.normal(size=(240, 6)).astype(np.float32),
+        "y": rng.integers(0, 3, 240),
+        "x_test": rng.normal(size=(60, 6)).astype(np.float32),
+        "y_test": rng.integers(0, 3, 60),
+    }
+    paths = {}
+    for where in ("server", "node1", "node2", "node3"):
+        (tmp_path / where).mkdir()
+        paths[where] = str(tmp_path / where / "data.npz")
+        np.savez(paths[where], **arrays)
+    data = {
+        "dataset": "factory",
+        "factory": "tests.test_deploy:npz_data",
+        "kwargs": {"path": paths["server"]},
+    }
+    config = tiny_config(rounds=2, data=data, algorithm=ALGORITHMS["scaffold"])
+    simulated = start(config, tmp_path / "simulated", progress=False)
+    Path(paths["server"] + ".read").unlink()
+    node_data = {n: {"data.kwargs.path": paths[f"node{n}"]} for n in (1, 2, 3)}
+    grid = InProcessGrid(config, HOSTS, tmp_path / "nodes", node_data=node_data)
+    deployed = run_deployed(grid, ServerSettings(config, tmp_path / "deployed", False, 5.0))
+    assert rows(deployed) == rows(simulated)
+    assert all(Path(p + ".read").exists() for p in paths.values())  # the server its copy, each node its own

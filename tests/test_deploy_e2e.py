@@ -1,42 +1,52 @@
-"""End to end on loopback: a SuperLink with TLS and SuperNode authentication, two SuperNodes with
-their own data and state folders, a run started with `flwr run`; the run directory it writes holds
-the simulation's numbers. A SuperNode with an unregistered key is refused, and one without the CA
-certificate cannot connect. Real processes, free ports, bounded waits, all ended in teardown."""
+"""End to end on loopback, real processes: a SuperLink with TLS and SuperNode authentication, three
+registered SuperNodes (one client each, their own state folders), runs started with `flwr run`.
 
+One SuperLink and one node set serve every run of the module (start-up is the cost): FedAvg,
+SCAFFOLD and event-based ADMM, 3 rounds each, write the run directory of their simulation; a node
+killed in the middle of a run has its client dropped, and once restarted it trains from the state
+it persisted; a node with an unregistered key is refused, and one without the CA certificate
+cannot connect. Free ports, bounded waits, every process ended in teardown."""
+
+import itertools
 import json
-import time
 
 import pytest
 
 pytest.importorskip("flwr")
 
-from taciturn.deploy.app_folder import write_app
-from taciturn.deploy.certs import make_credentials
 from taciturn.experiments.runner import start
 from taciturn.report.rundir import RunDir
 from tests.conftest import tiny_config
-from tests.deploy_processes import Processes, free_port
+from tests.deploy_processes import Federation, Processes
 
 BOOT_S = 180  # generous: Flower's processes start slowly on a busy machine; a healthy one needs seconds
 RUN_S = 600
+NODES = 3  # node i hosts client i - 1
+ALGORITHMS = {
+    "fedavg": {"name": "fedavg", "fraction": 1.0, "local": {"batch_size": 16, "lr": 0.1}},
+    "scaffold": {"name": "scaffold", "fraction": 1.0, "local": {"batch_size": 16, "lr": 0.1}},
+    # triggers that fire sometimes: silent uplinks (empty replies), downlinks with no model
+    "event_admm": {
+        "name": "event_admm",
+        "fraction": 1.0,
+        "delta": 0.2,
+        "delta_z": 0.1,
+        "local": {"steps": 2},
+    },
+}
 
 
-@pytest.fixture
-def processes(tmp_path):
-    procs = Processes(tmp_path)
-    try:
-        yield procs
-    finally:
-        procs.close()
+def config(name: str, algorithm: str):
+    return tiny_config(
+        name=name,
+        rounds=3,
+        partition={"kind": "dirichlet", "num_clients": NODES, "alpha": 1.0, "min_size": 5},
+        algorithm=ALGORITHMS[algorithm],
+    )
 
 
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.5)
-    raise TimeoutError(what)
+def rows(rundir: RunDir):
+    return [{k: v for k, v in r.items() if k != "wall_s"} for r in rundir.read_metrics()]
 
 
 def close_enough(a: dict, b: dict) -> bool:
@@ -50,79 +60,63 @@ def close_enough(a: dict, b: dict) -> bool:
     return True
 
 
-def test_a_deployed_run_over_tls_with_node_auth_equals_its_simulation(tmp_path, processes):
-    config = tiny_config(
-        rounds=2,
-        partition={"kind": "dirichlet", "num_clients": 2, "alpha": 1.0, "min_size": 5},
-        algorithm={"name": "scaffold", "fraction": 1.0, "local": {"batch_size": 16, "lr": 0.1}},
-    )
-    creds = make_credentials(tmp_path / "creds", nodes=3)
-    link = free_port()
-    home = tmp_path / "flwr-home"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        '[superlink]\ndefault = "local"\n\n[superlink.local]\n'
-        f'address = "127.0.0.1:{link}"\nroot-certificates = "{creds["ca.crt"]}"\n'
-    )
-    processes.start(
-        "superlink", link, "flower-superlink",
-        "--ssl-ca-certfile", str(creds["ca.crt"]),
-        "--ssl-certfile", str(creds["server.crt"]),
-        "--ssl-keyfile", str(creds["server.key"]),
-        "--enable-supernode-auth",
-        "--disable-runtime-dependency-installation",
-        "--host", "127.0.0.1", "--port", str(link),
-    )  # fmt: skip
-    processes.wait_for_port(link, BOOT_S)
-    for i in (1, 2):  # node 3's key is never registered
-        done = processes.run(
-            "flwr", "supernode", "register", str(creds[f"node-{i}.pub"]), "local", timeout=BOOT_S
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    root = tmp_path_factory.mktemp("federation")
+    processes = Processes(root)
+    try:
+        federation = Federation(root, processes, [str(c) for c in range(NODES)], BOOT_S)
+        federation.strangers()
+        yield federation
+    finally:
+        processes.close()
 
-    def node(name, key, clients, *tls, retries=()):
-        port = free_port()
-        processes.start(
-            name, port, "flower-supernode", *tls,
-            "--superlink", f"127.0.0.1:{link}", "--port", str(port),
-            "--auth-supernode-private-key", str(creds[key]),
-            "--node-config", f'clients="{clients}" state-dir="{tmp_path / name}"', *retries,
-        )  # fmt: skip
 
-    with_ca = ("--root-certificates", str(creds["ca.crt"]))
-    give_up = ("--max-retries", "2", "--max-wait-time", "30")
-    node("node-1", "node-1", "0", *with_ca)
-    node("node-2", "node-2", "1", *with_ca)
-    node("stranger", "node-3", "0", *with_ca, retries=give_up)
-    node("no-ca", "node-1", "0", retries=give_up)  # a registered key, but it cannot check the SuperLink
+def submit(federation: Federation, cfg) -> RunDir:
+    return federation.submit(cfg, round_timeout=RUN_S)
 
-    app = tmp_path / "app"
-    write_app(app, config, tmp_path / "deployed", round_timeout=RUN_S)
-    started = processes.run("flwr", "run", str(app), "local", timeout=BOOT_S)
-    assert started.returncode == 0, started.stdout + started.stderr
-    deployed = RunDir(tmp_path / "deployed")
-    wait_for(lambda: (deployed.path / "report.html").exists(), RUN_S, "the deployed run did not finish")
 
-    simulated = start(config, tmp_path / "simulated", progress=False)
-    drop = ("wall_s",)
-    rows = [{k: v for k, v in r.items() if k not in drop} for r in deployed.read_metrics()]
-    expected = [{k: v for k, v in r.items() if k not in drop} for r in simulated.read_metrics()]
-    assert len(rows) == len(expected) == 3
-    assert all(close_enough(a, b) for a, b in zip(rows, expected, strict=True)), (rows, expected)
+def finish(federation: Federation, rundir: RunDir) -> RunDir:
+    return federation.finish(rundir, RUN_S)
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_a_deployed_run_over_tls_with_node_auth_equals_its_simulation(federation, tmp_path, algorithm):
+    cfg = config(f"e2e-{algorithm}", algorithm)
+    deployed = finish(federation, submit(federation, cfg))
+    simulated = start(cfg, tmp_path / "simulated", progress=False)
+    got, expected = rows(deployed), rows(simulated)
+    assert len(got) == len(expected) == 4  # round 0's evaluation, then 3 rounds
+    assert all(close_enough(a, b) for a, b in zip(got, expected, strict=True)), (got, expected)
     assert json.loads(deployed.info.read_text())["engine"].startswith("executor: flower")
-    # SCAFFOLD's control variates live on the nodes' disks: round 1's committed (the server's round-2
-    # request acknowledged it), round 2's staged (no later request has acknowledged it yet)
-    for name, client in (("node-1", 0), ("node-2", 1)):
-        assert sorted(p.name for p in (tmp_path / name).iterdir()) == [
-            f"client-{client}.round-2.staged.safetensors",
-            f"client-{client}.safetensors",
-        ]
 
+
+def test_a_killed_node_is_dropped_and_catches_up_with_its_persisted_state(federation):
+    """SCAFFOLD: node 3 (client 2) is stopped when its round-2 request arrives and restarted at once."""
+    cfg = config("e2e-kill", "scaffold")
+    deployed, folder, held = federation.kill_and_restart(3, 2, lambda: submit(federation, cfg))
+    # what it persisted from round 1: staged, or committed if it had read round 2's request
+    (round_1_state,) = [
+        held[n] for n in ("client-2.round-1.staged.safetensors", "client-2.safetensors") if n in held
+    ]
+    finish(federation, deployed)
+
+    delivered = [r["delivered_up"] for r in deployed.read_metrics()]
+    assert [b - a for a, b in itertools.pairwise(delivered)] == [3, 2, 3]  # dropped in round 2, back in 3
+    # round 3's request acknowledged round 1: the node committed that state and trained from it
+    assert (folder / "client-2.safetensors").read_bytes() == round_1_state
+    assert (folder / "client-2.round-3.staged.safetensors").exists()
+    never_down = federation.state_dir(1) / folder.name
+    assert sorted(p.name for p in never_down.iterdir()) == [
+        "client-0.round-3.staged.safetensors",
+        "client-0.safetensors",
+    ]
+
+
+def test_an_unregistered_node_and_a_node_without_the_ca_are_refused(federation):
     refusals = {
         "stranger": "Failed to activate SuperNode",  # TLS is fine, the SuperLink does not know its key
         "no-ca": "CERTIFICATE_VERIFY_FAILED",  # it cannot verify the SuperLink's certificate
     }
     for name, reason in refusals.items():
-        proc, _ = processes.procs[name]
-        assert wait_for(lambda p=proc: p.poll() is not None, BOOT_S, f"{name} kept running")
-        assert proc.returncode != 0 and reason in processes.log(name), processes.log(name)
+        assert federation.refused(name, reason), federation.log(name)

@@ -146,7 +146,13 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
     config = types.load(args.config, args.set or [])
     pyproject = write_app(
-        Path(args.app), config, Path(args.out), args.round_timeout, args.overwrite_run, args.overwrite
+        Path(args.app),
+        config,
+        Path(args.out),
+        args.round_timeout,
+        args.overwrite_run,
+        args.min_nodes,
+        args.overwrite,
     )
     console.print(f"Flower app for run {config.name!r}: [bold]{pyproject.parent}[/]")
     console.print(f"start it with: flwr run {pyproject.parent} <superlink connection>")
@@ -267,6 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
     app.add_argument("--out", required=True, help="the run directory the server side writes")
     app.add_argument(
         "--round-timeout", type=float, default=120.0, help="seconds to wait for a round's replies"
+    )
+    app.add_argument(
+        "--min-nodes", type=int, default=1, help="SuperNodes to wait for at the start of each round"
     )
     app.add_argument(
         "--overwrite-run", action="store_true", help="let the run replace an earlier one in --out"

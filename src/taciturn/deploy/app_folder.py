@@ -31,13 +31,14 @@ publisher = "taciturn"
 
 [tool.flwr.app.components]
 serverapp = "taciturn.deploy.server_app:app"
-clientapp = "taciturn.deploy.client_app:app"
+clientapp = "taciturn.deploy.client_app:{clientapp}"
 
 [tool.flwr.app.config]
 taciturn-config = {config}
 out = {out}
 overwrite = {overwrite}
 round-timeout = {timeout}
+min-nodes = {min_nodes}
 """
 
 
@@ -51,12 +52,15 @@ def write_app(
     out: Path,
     round_timeout: float = 120.0,
     overwrite_run: bool = False,
+    min_nodes: int = 1,
     overwrite: bool = False,
 ) -> Path:
     """Write the app folder for ``config`` whose ServerApp writes the run directory ``out``."""
     folder = Path(folder)
     text = to_toml(config)
     run_config_of(text)  # a config that cannot deploy fails here, before anything starts
+    if min_nodes < 1:
+        raise DeployError(f"min-nodes must be >= 1, got {min_nodes}")
     pyproject = folder / "pyproject.toml"
     if pyproject.exists() and not overwrite:
         raise DeployError(f"{pyproject} exists; pass --overwrite to replace it")
@@ -65,10 +69,12 @@ def write_app(
         PYPROJECT.format(
             folder=folder,
             name=_slug(config.name),
+            clientapp="secagg_app" if config.secagg.enabled else "app",  # SecAgg+: Flower's mod on
             config=json.dumps(text),  # a TOML basic string is a JSON string
             out=json.dumps(str(Path(out).resolve())),
             overwrite="true" if overwrite_run else "false",
             timeout=float(round_timeout),
+            min_nodes=int(min_nodes),
         )
     )
     return pyproject

@@ -5,8 +5,8 @@ and the downlink payload. The node settles the client's staged state (node_state
 algorithm's ``client_begin`` / local training (engine/local_training.py, the sequential
 executor's trainer) / ``client_end`` exactly as the simulation does, and replies with the uplink
 payload, or an empty one when the client stays silent. Data: the node builds the run's task from
-the same config and seed as the server and trains only on the clients it hosts (a partition id
-of a built-in dataset, as in Flower's own examples).
+the same config and seed as the server, reading the files where its node config says
+(``data.*``, settings.py), and trains only on the clients (partition ids) it hosts.
 """
 
 from __future__ import annotations
@@ -14,11 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from flwr.app import Context, Message
+import numpy as np
+from flwr.app import Context, Message, RecordDict
+from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+from flwr.compat.common import recorddict_compat as compat
 
 from taciturn.algorithms import Algorithm, build_algorithm
 from taciturn.algorithms.base import ClientContext, ClientOutput, LocalTraining, Loss
+from taciturn.core.message import Message as TaciturnMessage
 from taciturn.core.rng import Streams
 from taciturn.deploy import protocol
 from taciturn.deploy.node_state import NodeStateStore
@@ -40,11 +45,12 @@ class NodeSetup:
 
 
 @lru_cache(maxsize=2)
-def node_setup(config_text: str) -> NodeSetup:
-    """The run's algorithm, streams, data and loss, built from its config (once per process)."""
+def node_setup(config_text: str, data: tuple[tuple[str, object], ...] = ()) -> NodeSetup:
+    """The run's algorithm, streams, data and loss, built from its config with the node's own
+    ``data.*`` settings (where its files are; once per process)."""
     from taciturn.experiments.runner import build_task
 
-    config = run_config_of(config_text)
+    config = run_config_of(config_text, data)
     streams = Streams(config.seed)
     task, data = build_task(config, streams)
     algorithm = build_algorithm(config.algorithm)
@@ -54,8 +60,10 @@ def node_setup(config_text: str) -> NodeSetup:
     return NodeSetup(algorithm, streams, data, task.loss, getattr(task, "buffers", frozenset()))
 
 
-def serve_client(setup: NodeSetup, store: NodeStateStore, request: protocol.TrainRequest) -> bytes:
-    """One client's round on this node; the uplink payload (empty: the client stays silent)."""
+def serve_client(
+    setup: NodeSetup, store: NodeStateStore, request: protocol.TrainRequest
+) -> TaciturnMessage | None:
+    """One client's round on this node; its uplink (None: the client stays silent)."""
     algorithm, client = setup.algorithm, request.client
     store.settle(client, request.accepted)
     ctx = ClientContext(
@@ -80,27 +88,64 @@ def serve_client(setup: NodeSetup, store: NodeStateStore, request: protocol.Trai
     if output.uplink is None:
         if output.state is not None:  # nothing sent, nothing to acknowledge
             store.put(client, output.state)
-        return b""
+        return None
     if output.state is not None:
         store.stage(client, request.round, output.state)
-    return protocol.payload_of(output.uplink)
+    return output.uplink
+
+
+def serve_request(
+    message: Message, context: Context, record: str
+) -> tuple[protocol.TrainRequest, TaciturnMessage | None]:
+    """The train request in ``message`` (ConfigRecord ``record``), served on this node."""
+    node = NodeSettings.from_node_config(context.node_config)
+    request = protocol.read_request(message.content, record)
+    if request.client not in node.clients:
+        raise DeployError(f"this node hosts clients {list(node.clients)}, not client {request.client}")
+    setup = node_setup(str(context.run_config["taciturn-config"]), node.data)
+    if request.client >= setup.data.num_clients:
+        raise DeployError(f"client {request.client} does not exist: the run has {setup.data.num_clients}")
+    store = NodeStateStore(node.state_dir / f"run-{context.run_id}")  # runs never share client state
+    return request, serve_client(setup, store, request)
 
 
 @app.train()
 def train(message: Message, context: Context) -> Message:
-    node = NodeSettings.from_node_config(context.node_config)
-    request = protocol.read_request(message.content)
-    if request.client not in node.clients:
-        raise DeployError(f"this node hosts clients {list(node.clients)}, not client {request.client}")
-    setup = node_setup(str(context.run_config["taciturn-config"]))
-    if request.client >= setup.data.num_clients:
-        raise DeployError(f"client {request.client} does not exist: the run has {setup.data.num_clients}")
-    payload = serve_client(setup, NodeStateStore(node.state_dir), request)
+    request, uplink = serve_request(message, context, protocol.RECORD)
+    payload = protocol.payload_of(uplink)
     return Message(protocol.train_reply(request.round, request.client, payload), reply_to=message)
 
 
-@app.query()
 def query(message: Message, context: Context) -> Message:
     """Which clients this node hosts (the server maps clients to nodes with it)."""
     node = NodeSettings.from_node_config(context.node_config)
     return Message(protocol.query_reply(node.clients), reply_to=message)
+
+
+def masked_reply(request: protocol.TrainRequest, uplink: TaciturnMessage | None) -> RecordDict:
+    """The node's FitRes for the mod to mask: the uplink's arrays in name order, weight n_k."""
+    if uplink is None:
+        raise DeployError(f"client {request.client} sent no update; SecAgg+ masks one from every node")
+    loss = uplink.meta.get("train_loss")
+    return compat.fitres_to_recorddict(
+        FitRes(
+            Status(Code.OK, ""),
+            ndarrays_to_parameters([np.asarray(uplink.arrays[n]) for n in sorted(uplink.arrays)]),
+            int(uplink.meta["num_samples"]),
+            {"train_loss": loss} if isinstance(loss, float) else {},
+        ),
+        keep_input=False,
+    )
+
+
+app.query()(query)
+# Runs with [secagg]: Flower's SecAgg+ mod (Bell et al., CCS 2020) wraps the train step: it answers
+# the protocol's key stages itself and masks the update this step returns (deploy/secagg.py).
+secagg_app = ClientApp(mods=[secaggplus_mod])
+secagg_app.query()(query)
+
+
+@secagg_app.train()
+def train_masked(message: Message, context: Context) -> Message:
+    request, uplink = serve_request(message, context, protocol.FIT_CONFIG)
+    return Message(masked_reply(request, uplink), reply_to=message)

@@ -13,6 +13,8 @@ directory, metrics, ledger, checkpoints and report are experiments/runner.py's, 
   simulated Channel drops: its downlink is counted as sent, not delivered, and nothing arrives.
 * Ledger: payload bytes as in simulation (the codec's encoded size, counted only for messages
   that carry a model), plus ``wire_bytes``: the serialized Flower messages, every one of them.
+* SecAgg+ ([secagg] on): the round runs Flower's SecAgg+ workflow instead (secagg.py): the server
+  sees only the weighted mean of the nodes' updates; every message of its four stages is metered.
 * Acceptance: the server tells each client, with its next request, the last round whose uplink it
   accepted; the node commits the state it staged then (node_state.py).
 """
@@ -32,8 +34,12 @@ from taciturn.core.codec import CodecError
 from taciturn.core.ledger import Direction
 from taciturn.core.message import Message
 from taciturn.deploy import protocol
+from taciturn.deploy.protocol import GONE
+from taciturn.deploy.secagg import secure_round
+from taciturn.deploy.settings import DeployError
 from taciturn.engine.executor import Executor
 from taciturn.engine.pipeline import ClientPipeline, RoundPart
+from taciturn.secagg.config import SecAggConfig
 
 log = logging.getLogger(__name__)
 
@@ -43,17 +49,35 @@ POLL_S = 0.05  # between pulls of replies (Flower's own send_and_receive sleeps 
 class GridExecutor(Executor):
     name = "flower"
 
-    def __init__(self, pipeline: ClientPipeline, grid: Grid, round_timeout: float):
+    def __init__(
+        self,
+        pipeline: ClientPipeline,
+        grid: Grid,
+        round_timeout: float,
+        secagg: SecAggConfig | None = None,
+        min_nodes: int = 1,
+    ):
         super().__init__(pipeline)
         self.grid = grid
         self.round_timeout = round_timeout
+        self.min_nodes = min_nodes
+        self.secagg = secagg  # SecAgg+ through Flower's workflow (secagg.py), if on
         self.hosts: dict[int, int] = {}  # client -> node id
         self.nodes: set[int] = set()  # nodes that said which clients they host
         self.accepted: dict[int, int] = {}  # client -> last round whose uplink the server accepted
 
     # ----- which node hosts which client -----
+    def online(self) -> set[int]:
+        """The connected nodes, once ``min_nodes`` of them are (or the round timeout passed)."""
+        deadline = time.monotonic() + self.round_timeout
+        while len(online := set(self.grid.get_node_ids())) < self.min_nodes and time.monotonic() < deadline:
+            time.sleep(10 * POLL_S)
+        if len(online) < self.min_nodes:
+            log.warning("only %d of min-nodes %d SuperNodes connected; going on", len(online), self.min_nodes)
+        return online
+
     def discover(self) -> None:
-        online = set(self.grid.get_node_ids())
+        online = self.online()
         for gone in self.nodes - online:
             self.hosts = {c: n for c, n in self.hosts.items() if n != gone}
         self.nodes &= online
@@ -78,6 +102,11 @@ class GridExecutor(Executor):
                 log.warning("node %d: malformed query reply: %s", reply.metadata.src_node_id, error)
                 continue
             node = reply.metadata.src_node_id
+            if self.secagg is not None and len(clients) > 1:
+                raise DeployError(
+                    f"node {node} hosts clients {list(clients)}; under [secagg] each node hosts one "
+                    "client, since SecAgg+ hides a node's update, not a client's"
+                )
             self.nodes.add(node)
             for client in clients:
                 self.hosts[client] = node
@@ -114,6 +143,15 @@ class GridExecutor(Executor):
         self.discover()
         ledger = self.pipeline.channel.ledger
         payloads = {c: protocol.payload_of(downlink.get(c)) for c in clients}
+        if self.secagg is not None:
+            for client in clients:
+                if client not in self.hosts:
+                    log.warning("round %d: no node hosts client %d; it is dropped", round, client)
+            nodes = {c: self.hosts[c] for c in clients if c in self.hosts}
+            return secure_round(
+                self.pipeline, self._exchange, self.secagg, self.round_timeout, round, nodes,
+                self.accepted, payloads, spec,
+            )  # fmt: skip
         requests: dict[int, FlowerMessage] = {}
         for client in clients:
             node = self.hosts.get(client)
@@ -131,10 +169,9 @@ class GridExecutor(Executor):
         for client in clients:
             request = requests.get(client)
             reply = None if request is None else replies.get(request.metadata.message_id)
+            arrived = reply is not None and not (reply.has_error() and reply.error.code in GONE)
             if payloads[client]:
-                ledger.record(
-                    round, client, Direction.DOWN, len(payloads[client]), delivered=reply is not None
-                )
+                ledger.record(round, client, Direction.DOWN, len(payloads[client]), delivered=arrived)
             if reply is None:
                 if request is not None:
                     log.warning(
@@ -143,6 +180,9 @@ class GridExecutor(Executor):
                         client,
                         self.round_timeout,
                     )
+                continue
+            if not arrived:  # the SuperLink's own error reply: nothing came from the node
+                log.warning("round %d: client %d's node is gone; dropped", round, client)
                 continue
             ledger.record_wire(round, client, Direction.UP, protocol.wire_size(reply))
             if reply.has_error():

@@ -10,6 +10,7 @@ rounds and come back under a new node id (``outages``), as a restarted SuperNode
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -25,12 +26,19 @@ SERVER_NODE = 0
 
 class InProcessGrid(Grid):
     def __init__(
-        self, config: RunConfig, hosts: list[list[int]], state_root: Path, lose=frozenset(), outages=None
+        self,
+        config: RunConfig,
+        hosts: list[list[int]],
+        state_root: Path,
+        lose=frozenset(),
+        outages=None,
+        node_data: dict[int, dict[str, str]] | None = None,
     ):
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SERVER_NODE, 1
         self.run_config = {"taciturn-config": to_toml(config)}
-        self.node_configs = {
+        self.node_configs = {  # node_data: a node's own data.* settings (where its files are)
             node: {"clients": ",".join(map(str, clients)), "state-dir": str(state_root / f"node{node}")}
+            | (node_data or {}).get(node, {})
             for node, clients in enumerate(hosts, start=1)
         }
         self.lose = set(lose)  # (round, client) whose train reply never arrives
@@ -38,6 +46,10 @@ class InProcessGrid(Grid):
         self.round = 0  # the executor asks for the nodes once at the start of each round
         self.replies: dict[str, Message] = {}
         self.requests: list[Message] = []
+        self.states: dict[
+            int, RecordDict
+        ] = {}  # each node's run state (the SecAgg+ mod keeps its keys there)
+        self.client_app = client_app.secagg_app if config.secagg.enabled else client_app.app
 
     def set_run(self, run) -> None:
         pass
@@ -64,12 +76,17 @@ class InProcessGrid(Grid):
             ids.append(message.object_id)
             self.requests.append(message)
             node = message.metadata.dst_node_id
-            context = Context(1, node, self.node_configs[node], RecordDict(), self.run_config)
+            state = self.states.setdefault(node, RecordDict())
+            context = Context(1, node, self.node_configs[node], state, self.run_config)
             try:
-                reply = client_app.app(message, context)
+                # a copy, as a node receives a deserialized one (mods edit what they receive)
+                reply = self.client_app(copy.deepcopy(message), context)
             except Exception as error:  # the SuperNode turns a ClientApp's exception into an error reply
                 reply = Message(Error(code=0, reason=f"{type(error).__name__}: {error}"), reply_to=message)
-            if message.metadata.message_type == protocol.TRAIN:
+            if (
+                protocol.RECORD in message.content.config_records
+                and message.metadata.message_type == protocol.TRAIN
+            ):
                 request = protocol.read_request(message.content)
                 if (request.round, request.client) in self.lose:
                     continue

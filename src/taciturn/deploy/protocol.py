@@ -24,12 +24,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
 from taciturn.core.codec import CodecError, decode, encode
 from taciturn.core.message import Message as TaciturnMessage
 
+# Error replies the SuperLink makes itself when the destination node is offline (it left, was
+# killed, or missed its heartbeats) or the message expired: no node answered, so the client is
+# dropped, as the simulated Channel drops a message.
+GONE = frozenset(
+    {ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE}
+)
+
 RECORD = "taciturn"
+FIT_CONFIG = "fitins.config"  # under SecAgg+ the request rides in the workflow's FitIns (secagg.py)
 TRAIN = "train"
 QUERY = "query"
 
@@ -42,10 +51,12 @@ def message_of(payload: bytes) -> TaciturnMessage | None:
     return None if not payload else decode(payload)
 
 
+def request_fields(round: int, client: int, accepted: int, payload: bytes) -> dict:
+    return {"round": round, "client": client, "accepted": accepted, "payload": payload}
+
+
 def train_request(round: int, client: int, accepted: int, payload: bytes) -> RecordDict:
-    return RecordDict(
-        {RECORD: ConfigRecord({"round": round, "client": client, "accepted": accepted, "payload": payload})}
-    )
+    return RecordDict({RECORD: ConfigRecord(request_fields(round, client, accepted, payload))})
 
 
 @dataclass(frozen=True)
@@ -63,8 +74,9 @@ class TrainReply:
     payload: bytes
 
 
-def read_request(content: RecordDict) -> TrainRequest:
-    record = _record(content)
+def read_request(content: RecordDict, name: str = RECORD) -> TrainRequest:
+    """The train request in ``content``'s ConfigRecord ``name`` (FIT_CONFIG under SecAgg+)."""
+    record = _record(content, name)
     return TrainRequest(
         _int(record, "round"), _int(record, "client"), _int(record, "accepted"), _bytes(record, "payload")
     )
@@ -95,10 +107,10 @@ def wire_size(message: Message) -> int:
     return sum(len(obj.deflate()) for obj in get_all_nested_objects(message).values())
 
 
-def _record(content: RecordDict) -> ConfigRecord:
-    record = content.config_records.get(RECORD)
+def _record(content: RecordDict, name: str = RECORD) -> ConfigRecord:
+    record = content.config_records.get(name)
     if record is None:
-        raise CodecError(f"a taciturn Flower message carries a ConfigRecord named {RECORD!r}")
+        raise CodecError(f"a taciturn Flower message carries a ConfigRecord named {name!r}")
     return record
 
 

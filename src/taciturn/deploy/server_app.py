@@ -21,12 +21,15 @@ def run_deployed(grid: Grid, settings: ServerSettings, progress: bool = False) -
     """Run ``settings.config`` with its clients behind ``grid``; write the run directory and report."""
     from taciturn.experiments import types
 
+    secagg = settings.config.secagg if settings.config.secagg.enabled else None
     return types.start(
         settings.config,
         settings.out,
         overwrite=settings.overwrite,
         progress=progress,
-        remote=lambda pipeline: GridExecutor(pipeline, grid, settings.round_timeout),
+        remote=lambda pipeline: GridExecutor(
+            pipeline, grid, settings.round_timeout, secagg, settings.min_nodes
+        ),
     )
 
 

@@ -6,9 +6,15 @@ Run config (``[tool.flwr.app.config]`` of the app folder, or ``flwr run --run-co
     overwrite         start afresh in ``out`` if it holds an earlier run (default false)
     round-timeout     seconds the server waits for a round's replies; a client that has not
                       replied by then counts as dropped (default 120)
+    min-nodes         at the start of each round the server waits (up to round-timeout) until
+                      this many SuperNodes are connected (default 1)
 Node config (``flower-supernode --node-config``):
     clients           the client (partition) ids this node hosts, e.g. "0,1" or "3"
-    state-dir         where the node keeps its clients' persistent state (survives restarts)
+    state-dir         where the node keeps its clients' persistent state (survives restarts), one
+                      folder per Flower run in it (``run-<run id>``), so runs never share state
+    data.<key>        where this node finds its data, replacing the run's ``[data] <key>``, e.g.
+                      data.path="/srv/fmnist" or data.kwargs.path="/srv/site.npz" (a factory's
+                      argument): each node reads its own copy of the run's dataset
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from taciturn.core.errors import TaciturnError
-from taciturn.experiments.config import RunConfig, validate
+from taciturn.experiments.config import RunConfig, set_dotted, validate
 
 
 class DeployError(TaciturnError):
@@ -32,24 +38,24 @@ def _require(config: Mapping[str, Any], key: str, where: str) -> Any:
     return config[key]
 
 
-def run_config_of(text: str) -> RunConfig:
-    """The taciturn config carried as TOML text, validated, fit for a deployment."""
+def run_config_of(text: str, data: tuple[tuple[str, Any], ...] = ()) -> RunConfig:
+    """The taciturn config carried as TOML text, validated, fit for a deployment; ``data``: a
+    node's own ``data.*`` settings (NodeSettings), applied before validation."""
     import tomllib
 
     try:
         tree = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise DeployError(f"run config 'taciturn-config' is not valid TOML: {error}") from None
-    config = validate(tree, "<run config taciturn-config>")
+    for key, value in data:
+        set_dotted(tree, key, value)
+    config = validate(
+        tree, "<run config taciturn-config>" + (" with the node's data settings" if data else "")
+    )
     if config.channel.drop_up or config.channel.drop_down:
         raise DeployError(
             "[channel] drop_up / drop_down simulate lost messages; in a deployment the network "
             "decides what is lost: remove them"
-        )
-    if config.secagg.enabled:
-        raise DeployError(
-            "[secagg] is taciturn's simulated secure aggregation; deployed runs do not run it yet "
-            "(docs/deploy.md, 'Not there yet'): remove it"
         )
     if config.privacy.enabled and config.privacy.mode == "local":
         raise DeployError(
@@ -69,6 +75,7 @@ class ServerSettings:
     out: Path
     overwrite: bool
     round_timeout: float
+    min_nodes: int = 1
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> ServerSettings:
@@ -76,11 +83,15 @@ class ServerSettings:
         timeout = float(run_config.get("round-timeout", 120.0))
         if timeout <= 0:
             raise DeployError(f"round-timeout must be positive, got {timeout}")
+        min_nodes = run_config.get("min-nodes", 1)
+        if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or min_nodes < 1:
+            raise DeployError(f"min-nodes must be an integer >= 1, got {min_nodes!r}")
         return cls(
             run_config_of(str(_require(run_config, "taciturn-config", where))),
             Path(str(_require(run_config, "out", where))),
             bool(run_config.get("overwrite", False)),
             timeout,
+            min_nodes,
         )
 
 
@@ -88,6 +99,7 @@ class ServerSettings:
 class NodeSettings:
     clients: tuple[int, ...]
     state_dir: Path
+    data: tuple[tuple[str, Any], ...] = ()  # ("data.path", "/srv/fmnist"), ...
 
     @classmethod
     def from_node_config(cls, node_config: Mapping[str, Any]) -> NodeSettings:
@@ -99,4 +111,5 @@ class NodeSettings:
             raise DeployError(f"node config clients={raw!r}: expected client ids like '0,1'") from None
         if not clients or min(clients) < 0:
             raise DeployError(f"node config clients={raw!r}: name one or more ids >= 0")
-        return cls(clients, Path(str(_require(node_config, "state-dir", where))))
+        data = tuple(sorted((k, v) for k, v in node_config.items() if k.startswith("data.")))
+        return cls(clients, Path(str(_require(node_config, "state-dir", where))), data)

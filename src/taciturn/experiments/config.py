@@ -607,7 +607,8 @@ def _describe(error: dict, root: type[BaseModel]) -> str:
     return f"[{where}] {error['msg']}{shown}"
 
 
-def _set(tree: dict, dotted: str, value: Any) -> None:
+def set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    """``tree[a][b] = value`` for ``dotted`` = 'a.b' (an override before validation)."""
     *parents, last = dotted.split(".")
     node = tree
     for part in parents:
@@ -648,7 +649,7 @@ def read_tree(path: Path | str, overrides: list[str] = ()) -> dict:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise ConfigError(f"{path} is not valid TOML: {error}") from None
     for item in overrides:
-        _set(tree, *parse_override(item))
+        set_dotted(tree, *parse_override(item))
     return tree
 
 

@@ -166,7 +166,7 @@ def build_federation(
         per_client=chain is not None,
         poisoning=poisoning,
         local_dp=local_dp,
-        secure_sum=secure_sum(config, data, streams),
+        secure_sum=secure_sum(config, data, streams, simulated=remote is None),
     )
     if picked is None:
         executor = remote(pipeline)
@@ -184,13 +184,19 @@ def build_federation(
     return Federation(algorithm, executor, streams, data, aggregation, poisson), store, note
 
 
-def secure_sum(config: RunConfig, data: ClientData, streams: Streams) -> SecureSum | None:
+def secure_sum(
+    config: RunConfig, data: ClientData, streams: Streams, simulated: bool = True
+) -> SecureSum | None:
+    """The simulated protocol (secagg/protocol.py); None when off or deployed, where the round runs
+    Flower's SecAgg+ (deploy/secagg.py) with the same ring check."""
     if not config.secagg.enabled:
         return None
     try:
         levels(config.algorithm.clients_per_round(data.num_clients), config.secagg.bits)
     except ValueError as error:
         raise ConfigError(f"[secagg.bits] {error}") from None
+    if not simulated:
+        return None
     try:
         from taciturn.secagg.protocol import SecureSum
     except ImportError:
