@@ -1,3 +1,4 @@
+import json
 import struct
 
 import numpy as np
@@ -145,3 +146,75 @@ def test_decode_errors_name_what_is_wrong_and_foreign_safetensors_have_empty_met
     listed = safetensors.numpy.save({"a": np.ones(2, np.float32)}, metadata={"taciturn": "[1]"})
     with pytest.raises(CodecError, match=r"^cannot decode message: "):  # metadata must be an object
         decode(listed)
+
+
+def header_only(header: bytes, data: bytes = b"") -> bytes:
+    """Hand-made safetensors bytes: the little-endian u64 header length, the header, the data."""
+    return struct.pack("<Q", len(header)) + header + data
+
+
+def test_each_malformed_header_gets_its_own_message():
+    from taciturn.core.codec import MAX_HEADER_BYTES
+    from taciturn.core.message import MAX_META_BYTES
+
+    def refused(data, message):
+        with pytest.raises(CodecError) as caught:
+            decode(data)
+        assert str(caught.value) == message
+
+    refused("text", "a message is bytes, got str")
+    refused(
+        b"\x00" * 8,
+        "cannot decode message: the header is not JSON (Expecting value: line 1 column 1 (char 0))",
+    )
+    huge = struct.pack("<Q", 2**63 + 5) + b"{}"  # read unsigned: far more than follows
+    refused(huge, f"header length {2**63 + 5} exceeds the 2 bytes that follow")
+    # the header cap: one byte over is refused before parsing; exactly at it, parsing starts
+    refused(
+        struct.pack("<Q", MAX_HEADER_BYTES + 1) + bytes(MAX_HEADER_BYTES + 1),
+        (f"header of {MAX_HEADER_BYTES + 1} bytes is over the {MAX_HEADER_BYTES}-byte limit"),
+    )
+    with pytest.raises(CodecError, match="the header is not JSON"):
+        decode(struct.pack("<Q", MAX_HEADER_BYTES) + bytes(MAX_HEADER_BYTES))
+    refused(header_only(b"[]"), "cannot decode message: the header is not a JSON object")
+    refused(header_only(b'{"__metadata__": "x"}'), "cannot decode message: __metadata__ must map to strings")
+    refused(
+        header_only(b'{"__metadata__": {"taciturn": 5}}'),
+        ("cannot decode message: __metadata__ must map to strings"),
+    )
+    refused(
+        header_only(b'{"x": {"dtype": "BF16", "shape": [1], "data_offsets": [0, 2]}}', b"\x00\x00"),
+        (
+            "array 'x' has dtype 'BF16'; a message holds only "
+            "['BOOL', 'F16', 'F32', 'F64', 'I16', 'I32', 'I64', 'I8', 'U16', 'U32', 'U64', 'U8']"
+        ),
+    )
+    # metadata: exactly the limit decodes, one character more is refused
+    text = '{"a":"' + "x" * (MAX_META_BYTES - 8) + '"}'
+    assert len(text) == MAX_META_BYTES
+    at_limit = safetensors.numpy.save({}, metadata={"taciturn": text})
+    assert decode(at_limit).meta == {"a": "x" * (MAX_META_BYTES - 8)}
+    over = safetensors.numpy.save({}, metadata={"taciturn": text[:-2] + 'x"}'})
+    refused(over, f"message metadata is {MAX_META_BYTES + 1} bytes, over the {MAX_META_BYTES}-byte limit")
+
+
+def test_metadata_is_compact_json_with_sorted_keys_and_refusals_say_what_to_do():
+    blob = encode(Message({"x": np.zeros(1, np.float32)}, {"b": 1, "a": 2}))
+    (length,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8 : 8 + length])
+    assert header["__metadata__"] == {"taciturn": '{"a":2,"b":1}'}  # the same meta gives the same bytes
+    with pytest.raises(TypeError) as caught:
+        encode(Message({"c": np.zeros(2, np.complex64)}))
+    assert str(caught.value) == (
+        "array 'c' has dtype complex64, which has no safetensors encoding; "
+        "convert it to a bool, integer or float dtype"
+    )
+    from taciturn.core.message import MAX_META_BYTES
+
+    at_limit = Message(meta={"a": "x" * (MAX_META_BYTES - 8)})  # '{"a":"' + x... + '"}': the limit exactly
+    assert decode(encode(at_limit)).meta == at_limit.meta
+    with pytest.raises(ValueError) as caught:
+        encode(Message(meta={"a": "x" * (MAX_META_BYTES - 7)}))
+    assert str(caught.value) == (
+        f"message metadata is {MAX_META_BYTES + 1} bytes (limit {MAX_META_BYTES}); put data in arrays"
+    )
