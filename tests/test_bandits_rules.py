@@ -93,14 +93,17 @@ def test_connected_components_of_a_hand_graph():
 
 
 def stats_with(thetas, counts) -> AgentStats:
-    """Agent statistics whose ridge estimates are exactly ``thetas`` (Gram = count * I)."""
+    """Agent statistics whose ridge estimates are exactly ``thetas`` (Gram = count * I); ``thetas``
+    (N, d) for one repetition or (R, N, d) for several."""
     thetas, counts = np.asarray(thetas, float), np.asarray(counts)
-    agents, dim = thetas.shape
-    stats = AgentStats(1, agents, dim, lam=1.0)
+    thetas = thetas if thetas.ndim == 3 else thetas[None]
+    reps, agents, dim = thetas.shape
+    stats = AgentStats(reps, agents, dim, lam=1.0)
+    counts = np.broadcast_to(counts, (reps, agents))
     state = {
-        "gram": (counts[:, None, None] * np.eye(dim))[None].astype(float),
-        "b": ((counts[:, None] + 1.0) * thetas)[None],
-        "count": counts[None],
+        "gram": (counts[..., None, None] * np.eye(dim)).astype(float),
+        "b": (counts[..., None] + 1.0) * thetas,
+        "count": counts.copy(),
     }
     stats.load(state)
     return stats
@@ -156,7 +159,7 @@ def test_club_threshold_is_the_sum_of_both_agents_widths():
 
     threshold = width(100) + width(0)  # 0.2402 + 1
     stats = stats_with([[0.0, 0.0], [threshold - 0.01, 0.0], [0.0, threshold + 0.01]], [100, 0, 0])
-    club = Club(1, 3, gamma=1.0)
+    club = Club(1, 3)  # gamma = 1 by default
     club.update(stats, np.array([0]), np.array([0]), step=0)
     assert club.graph[0, 0].tolist() == [True, True, False]
     doubled = Club(1, 3, gamma=2.0)  # gamma scales both widths: nothing is that far apart
@@ -218,3 +221,87 @@ def test_bad_rule_settings_are_refused_with_the_reason():
         ValueError, match="unknown separation test 'nope'; choose one of mahalanobis, ellipsoid_overlap"
     ):
         Bass(1, 2, CONF, test="nope")
+
+
+def test_rules_decide_each_repetition_as_if_it_ran_alone():
+    """Two repetitions in one batch, with estimates away from the origin and different outcomes
+    (one cuts or splits, the other does not): each matches the same rule run on that repetition alone."""
+    club_thetas = [[[1.0, 0.0], [1.1, 0.0], [3.0, 0.0]], [[0.0, 1.0], [0.0, 1.05], [0.0, 1.2]]]
+    sclub_thetas = [[[0.0, 1.0], [0.0, 1.0], [0.0, 4.0]], [[1.0, 0.0], [1.0, 0.0], [1.2, 0.0]]]
+    dyn_thetas = [
+        [[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.9, 0.3]],
+        [[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [-0.8, 0.2]],
+    ]
+    labels = np.array([[0, 1, 2, 1], [0, 1, 2, 0]])
+    cases = {
+        "club": (lambda r: Club(r, 3), club_thetas, [100] * 3, [0, 2], lambda rule: rule.graph),
+        "sclub": (lambda r: Sclub(r, 3, dim=2), sclub_thetas, [200] * 3, [2, 2], lambda rule: rule.labels),
+        "dynucb": (
+            lambda r, reps=slice(None): DynUcb(labels[reps], num_clusters=3),
+            dyn_thetas,
+            [50] * 4,
+            [3, 3],
+            lambda rule: rule.labels,
+        ),
+    }
+    outcomes = {}
+    for name, (make, thetas, counts, active, kept) in cases.items():
+        batch = make(2)
+        batch.update(stats_with(thetas, counts), np.array([0, 1]), np.array(active), step=0)
+        for r in (0, 1):
+            alone = make(1) if name != "dynucb" else make(1, slice(r, r + 1))
+            alone.update(stats_with(thetas[r], counts), np.array([0]), np.array([active[r]]), step=0)
+            assert np.array_equal(batch.membership[r], alone.membership[0]), (name, r)
+            assert np.array_equal(kept(batch)[r], kept(alone)[0]), (name, r)
+        outcomes[name] = kept(batch).tolist()
+    # by hand: CLUB cuts 0-2 in repetition 0 (distance 2 > 2 x 0.24) and nothing in repetition 1 (0.2, 0.15)
+    assert outcomes["club"][0][0] == [True, True, False] and np.array(outcomes["club"][1]).all()
+    # SCLUB: pivot (0, 1206 / 601): agent 2 is 2.0 away in repetition 0 (split), and 0.13 in repetition 1,
+    # between F(200) - F(600) = 0.066 and F(200) + F(600) = 0.288 (no split)
+    assert outcomes["sclub"] == [[0, 0, 1], [0, 0, 0]]
+    # DynUCB: agent 3 moves to the cluster whose pooled estimate is nearest: 0 in repetition 0, 2 in 1
+    assert outcomes["dynucb"] == [[0, 1, 2, 0], [0, 1, 2, 2]]
+
+
+def test_sclub_keeps_a_lone_agent_and_freezes_pivots_for_a_stage():
+    stats = stats_with([[0.0, 1.0], [0.0, 1.0], [0.0, 4.0]], [200] * 3)
+    sclub = Sclub(1, 3, dim=2)  # alpha = 1 by default
+    sclub.update(stats, np.array([0]), np.array([2]), step=0)  # stage 1: 2 splits off, pivot (0, 4)
+    assert sclub.labels[0].tolist() == [0, 0, 1] and sclub.checked[0].tolist() == [False, False, True]
+    pivot = sclub.pivot_theta[0].copy()
+    moved = stats_with([[0.0, 1.0], [0.0, 1.0], [0.0, 8.0]], [200] * 3)
+    sclub.update(moved, np.array([0]), np.array([2]), step=1)  # same stage: alone, so no split
+    assert sclub.labels[0].tolist() == [0, 0, 1] and np.array_equal(sclub.pivot_theta[0], pivot)
+    sclub.update(moved, np.array([0]), np.array([0]), step=2)  # stage 2: pivots anew, checks reset
+    assert sclub.stage[0] == 2 and sclub.checked[0].tolist() == [True, False, False]
+    np.testing.assert_allclose(sclub.pivot_theta[0, 1], [0.0, 8.0])  # cluster 1 = agent 2: its estimate
+    assert set(sclub.state()) == {"labels", "checked", "stage", "pivot_theta", "pivot_count"}  # checkpoints
+
+
+def test_fixed_and_initial_pools_by_hand():
+    assert Independent(1, 3).membership[0].tolist() == np.eye(3, dtype=bool).tolist()
+    dyn = DynUcb(np.array([[0, 0, 1, 0]]), num_clusters=2)
+    assert dyn.membership[0, 3].tolist() == [True, True, False, True]
+    oracle = Oracle(np.array([[1, 0, 1]]))
+    assert oracle.membership[0].tolist() == [[True, False, True], [False, True, False], [True, False, True]]
+
+
+def test_cluster_estimates_pool_the_members_by_hand():
+    from taciturn.bandits.rules.clusters import cluster_estimates
+
+    stats = stats_with([[1.0, 0.0], [0.0, 2.0], [5.0, 5.0]], [100, 50, 10])
+    members, theta, count = cluster_estimates(stats, np.array([0]), np.array([[0, 0, 1]]), 2)
+    assert members[0].tolist() == [[True, True, False], [False, False, True]]
+    # V_0 = lam I + 100 I + 50 I, b_0 = 101 (1, 0) + 51 (0, 2); cluster 1 is agent 2 alone
+    np.testing.assert_allclose(theta[0], [[101 / 151, 102 / 151], [5.0, 5.0]], rtol=1e-12)
+    assert count[0].tolist() == [150, 10]
+
+
+def test_bass_tests_each_repetition_with_its_own_norm_bound():
+    """The same two agents in two repetitions; only S differs (1 and 100): the small radius separates."""
+    per_run = Confidence(lam=1.0, noise_bound=1.0, norm_bound=np.array([1.0, 100.0]), delta=0.05)
+    stats = stats_with([[[0.0, 0.0], [3.0, 0.0]]] * 2, [100, 100])
+    bass = Bass(2, 2, per_run)
+    bass.update(stats, np.array([0, 1]), np.array([0, 0]), step=0)
+    assert bass.membership[:, 0, 1].tolist() == [False, True]
+    assert bass.membership[:, 1, 0].tolist() == [False, True] and bass.membership[:, [0, 1], [0, 1]].all()
