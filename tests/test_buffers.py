@@ -1,6 +1,6 @@
 """Models with buffers (BatchNorm): running statistics federated with the weights (issue 15)."""
 
-import math
+import copy
 from pathlib import Path
 
 import pytest
@@ -141,26 +141,51 @@ def resnet18_style(width=4, classes=10):
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(inputs, classes))
 
 
-def test_a_resnet18_style_model_trains_a_round_and_exports(tmp_path):
+def resnet18(classes=10):
+    """torchvision's ResNet-18 when torchvision is installed, else its layout at 1/16 of the width."""
+    try:
+        from torchvision.models import resnet18 as torchvision_resnet18
+    except ImportError:
+        return resnet18_style(classes=classes)
+    return torchvision_resnet18(num_classes=classes)
+
+
+def test_a_resnet18_trains_a_round_of_fedavg_computed_by_hand_and_exports(tmp_path):
+    """One round, three clients (a natural partition: sample i belongs to client i % 3), one
+    full-batch SGD step each: the global model is the n_k-weighted average of three copies of the
+    model each stepped by torch.optim.SGD on its client's samples, weights and BatchNorm statistics
+    alike (FedAvg, McMahan et al. 2017, Alg. 1, on every floating tensor)."""
     torch.manual_seed(0)
     x, y = torch.randn(48, 3, 16, 16), torch.arange(48) % 10
+    groups = torch.arange(40) % 3  # 14, 13 and 13 samples
     config = {
         "rounds": 1,
-        "partition": {"kind": "iid", "num_clients": 3},
-        "algorithm": {"fraction": 1.0, "local": {"steps": 1, "batch_size": 8, "lr": 0.05}},
+        "partition": {"kind": "natural", "column": "groups"},  # from_tensors(groups=) names them
+        "algorithm": {"fraction": 1.0, "local": {"steps": 1, "batch_size": 64, "lr": 0.05}},
         "engine": {"executor": "sequential"},
     }
-    start = resnet18_style()
-    result = taciturn.run(
-        config, model=start, data=(x[:40], y[:40], x[40:], y[40:]), out=tmp_path / "r", report=False
-    )
-    assert math.isfinite(result.metrics[-1]["loss"])
-    trained = result.model
-    assert not torch.equal(trained[1].running_mean, start[1].running_mean)  # statistics federated
+    start = resnet18()
+    data = taciturn.data.from_tensors(x[:40], y[:40], x[40:], y[40:], groups=groups)
+    result = taciturn.run(config, model=copy.deepcopy(start), data=data, out=tmp_path / "r", report=False)
+    assert result.metrics[-1]["clients"] == 3 and result.metrics[-1]["failed"] == 0
+    expected: dict[str, torch.Tensor] = {}
+    for k in range(3):
+        client = copy.deepcopy(start).train()
+        optimizer = torch.optim.SGD(client.parameters(), lr=0.05)
+        F.cross_entropy(client(x[:40][groups == k]), y[:40][groups == k]).backward()
+        optimizer.step()
+        share = float((groups == k).sum()) / 40
+        for name, tensor in client.state_dict().items():
+            if tensor.is_floating_point():
+                expected[name] = expected.get(name, 0) + share * tensor.detach()
+    trained = result.model.state_dict()
+    for name, tensor in expected.items():
+        assert torch.allclose(trained[name], tensor, atol=1e-5), name
+    assert any(not torch.allclose(t, start.state_dict()[n]) for n, t in expected.items())  # it moved
     path = taciturn.export(result.dir, tmp_path / "resnet.safetensors")
-    fresh = resnet18_style()
+    fresh = resnet18()
     fresh.load_state_dict(load_file(str(path)))  # strict, num_batches_tracked included
-    for name, tensor in trained.state_dict().items():
+    for name, tensor in trained.items():
         assert torch.equal(fresh.state_dict()[name], tensor), name
 
 
@@ -314,3 +339,45 @@ def test_local_buffers_refuse_what_cannot_keep_them_before_work(tmp_path, overri
     with pytest.raises(ConfigError, match=r"\[model.buffers\] 'local' needs a model with buffers"):
         taciturn.run(config, model=plain, data=(x, y, x, y), out=tmp_path / "r", report=False)
     assert not (tmp_path / "r").exists()
+
+
+def test_fedbn_scores_each_clients_own_model_on_held_out_data_like_its_own(tmp_path):
+    """FedBN's evaluation (Li et al., ICLR 2021, Sec. 5), by hand: two clients holding one class each,
+    one full-batch step. Client k's model is the global weights with k's own statistics (BatchNorm1d
+    run on k's data at the start weights); its held-out data are the test samples of its class; the
+    metrics report the means over the two clients next to the global model's scores."""
+    x, y = two_classes()
+    test = torch.arange(0, 200, 7)  # 18 samples of class 0, 11 of class 1
+    config = {
+        "rounds": 1,
+        "partition": {"kind": "one_class", "num_clients": 2},  # client k holds class k
+        "algorithm": {"fraction": 1.0, "local": {"steps": 1, "batch_size": 1000, "lr": 0.1}},
+        "engine": {"executor": "sequential"},
+        "model": {"buffers": "local"},
+    }
+    result = taciturn.run(
+        config, model=bn_mlp(), data=(x, y, x[test], y[test]), out=tmp_path / "run", report=True
+    )
+    first, last = result.metrics
+    assert first["local_clients"] == 0 and "local_accuracy" not in first  # nobody holds statistics yet
+    losses, accuracies = [], []
+    for k in (0, 1):
+        statistics = bn_mlp()[:2].train()
+        with torch.no_grad():
+            statistics(x[y == k])
+        own = copy.deepcopy(result.model).eval()  # the global weights ...
+        own[1].running_mean.copy_(statistics[1].running_mean)  # ... with client k's statistics
+        own[1].running_var.copy_(statistics[1].running_var)
+        mine = y[test] == k
+        with torch.no_grad():
+            outputs = own(x[test][mine])
+        losses.append(float(F.cross_entropy(outputs, y[test][mine])))
+        accuracies.append(int((outputs.argmax(1) == y[test][mine]).sum()) / int(mine.sum()))
+    assert last["local_clients"] == 2
+    assert last["local_loss"] == pytest.approx(sum(losses) / 2, rel=1e-5)
+    assert last["local_accuracy"] == pytest.approx(sum(accuracies) / 2, abs=1e-9)
+    with torch.no_grad():  # the global model: the server's initial statistics, on the whole test set
+        assert last["loss"] == pytest.approx(float(F.cross_entropy(result.model(x[test]), y[test])), rel=1e-5)
+    assert abs(last["local_loss"] - last["loss"]) > 1e-3  # the two evaluations differ here
+    page = (Path(result.dir) / "report.html").read_text()
+    assert "Each client's own model (FedBN)" in page and f"mean loss {last['local_loss']:.4g}" in page

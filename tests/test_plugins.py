@@ -41,6 +41,7 @@ loss = "{loss}"
 [model]
 factory = "{model}"
 kwargs = {{ hidden = 8 }}
+buffers = "{buffers}"
 [data]
 factory = "mymodels:data"
 [partition]
@@ -60,26 +61,40 @@ def plugin(tmp_path, monkeypatch):
     (tmp_path / "mymodels.py").write_text(textwrap.dedent(MODULE))
     monkeypatch.syspath_prepend(str(tmp_path))
 
-    def config(model="mymodels:net", loss="cross_entropy"):
-        path = tmp_path / f"{model.replace(':', '_')}_{loss.replace(':', '_')}.toml"
-        path.write_text(CONFIG.format(model=model, loss=loss))
+    def config(model="mymodels:net", loss="cross_entropy", buffers="federated"):
+        path = tmp_path / f"{model.replace(':', '_')}_{loss.replace(':', '_')}_{buffers}.toml"
+        path.write_text(CONFIG.format(model=model, loss=loss, buffers=buffers))
         return path
 
     return config
 
 
-def test_cli_run_resume_and_export_of_a_factory_model(tmp_path, plugin):
-    config = plugin()
-    assert main(["run", str(config), "--out", str(tmp_path / "a"), "--quiet", "--no-report"]) == 0
+@pytest.mark.parametrize("buffers", ["federated", "local"])
+def test_cli_run_resume_report_and_export_of_a_factory_model_with_batchnorm(tmp_path, plugin, buffers):
+    """The issue's "done when" from TOML alone: a factory model with BatchNorm runs, reports, resumes
+    to the numbers of an uninterrupted run and exports a state_dict its class loads, with the
+    statistics averaged (federated) or kept by the clients (local: FedBN, reported per client)."""
+    config = plugin(buffers=buffers)
+    assert main(["run", str(config), "--out", str(tmp_path / "a"), "--quiet"]) == 0
     assert main(["run", str(config), "--out", str(tmp_path / "b"), "--quiet", "--no-report"]) == 0
     a, b = RunDir(tmp_path / "a"), RunDir(tmp_path / "b")
     assert metrics_without_time(a) == metrics_without_time(b)  # the factory ran under the run's seed
-    assert a.read_metrics()[-1]["accuracy"] > a.read_metrics()[0]["accuracy"]
+    rows = a.read_metrics()
+    page = a.report.read_text()
+    assert "<h2>Metrics</h2>" in page and "mymodels:net" in page  # the report, with the config shown
+    if buffers == "federated":
+        assert rows[-1]["accuracy"] > rows[0]["accuracy"]
+        assert "local_accuracy" not in rows[-1]
+    else:  # each client's own model learned; the global one keeps the initial statistics
+        assert rows[-1]["local_clients"] > 0
+        assert rows[-1]["local_accuracy"] > rows[0]["accuracy"]
+        assert "Each client's own model (FedBN)" in page
 
     with pytest.raises(Interrupt):
         runner.start(types.load(config), tmp_path / "cut", progress=False, callbacks=(stop_after(3),))
     assert main(["resume", str(tmp_path / "cut"), "--quiet"]) == 0  # no Python needed: the config names it
     assert metrics_without_time(RunDir(tmp_path / "cut")) == metrics_without_time(a)
+    assert RunDir(tmp_path / "cut").report.is_file()
 
     out = tmp_path / "model.safetensors"
     assert main(["export", str(tmp_path / "a"), "--out", str(out)]) == 0
@@ -90,6 +105,8 @@ def test_cli_run_resume_and_export_of_a_factory_model(tmp_path, plugin):
     server = load_file(str(a.checkpoint_dir(4) / "server.safetensors"))  # FedAvgState.params
     for name, tensor in server.items():
         assert torch.equal(model.state_dict()[name.removeprefix("params/")], tensor)
+    initial_mean = torch.zeros(8)  # BatchNorm1d's initial running mean
+    assert torch.equal(model[1].running_mean, initial_mean) == (buffers == "local")
     assert main(["export", str(tmp_path / "a"), "--out", str(out)]) == 2  # never overwrites
 
 

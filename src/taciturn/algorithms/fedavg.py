@@ -13,8 +13,8 @@ Normalization", ICLR 2021, Algorithm 1): with ``keep_buffers_local`` the BatchNo
 there never travel up and are not averaged. Each client keeps its own in its client state (staged,
 stored when the server accepts its update) and starts local training from them; a client's first
 round starts from the broadcast, i.e. the server's initial statistics, which the server keeps
-unchanged. The global model is then evaluated with those initial statistics, whereas FedBN's paper
-evaluates each client's model with its own.
+unchanged. The global model is then evaluated with those initial statistics; FedBN's paper evaluates
+each client's model with its own, which the runner reports beside it (experiments/local_eval.py).
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ from taciturn.experiments import checkpoint, memory
 from taciturn.experiments.config import ConfigError, RunConfig, load_config, to_toml
 from taciturn.experiments.engine_setup import ExecutorFactory, build_federation
 from taciturn.experiments.export import model_record
+from taciturn.experiments.local_eval import local_scores
 from taciturn.experiments.progress import RoundProgress
 from taciturn.experiments.user import (
     UserObjects,
@@ -404,7 +405,10 @@ def resume(
 def _evaluate(
     exp: Experiment, state: Any, counters: dict[str, Any], report: RoundReport | None
 ) -> dict[str, Any]:
-    scores = exp.task.evaluate(exp.algorithm.global_params(state))
+    params = exp.algorithm.global_params(state)
+    scores = exp.task.evaluate(params)
+    if local := getattr(exp.algorithm, "local_buffers", None):  # FedBN: each client's own model too
+        scores |= local_scores(exp.task, exp.data, exp.store, params, local)
     up, down = exp.ledger.totals(Direction.UP), exp.ledger.totals(Direction.DOWN)
     return {
         "round": counters["round"],

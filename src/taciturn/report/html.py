@@ -111,6 +111,17 @@ def write_report(rundir: RunDir) -> Path:
             ),
             *(image(images[k]) for k in ("analysis", "centralized") if k in images),
         ]
+    if rows[-1].get(f"local_{metric}") is not None:
+        last = rows[-1]
+        parts += [
+            "<h2>Each client's own model (FedBN)</h2>",
+            f'<p>BatchNorm statistics stay with the clients (<code>model.buffers = "local"</code>). '
+            f"In round {last['round']}, the {last['local_clients']} clients that hold statistics, each "
+            f"with the global weights and its own statistics on the held-out set weighted like its own "
+            f"labels: mean {html.escape(metric)} {_number(last[f'local_{metric}'])}, mean loss "
+            f"{_number(last['local_loss'])}. The global model above uses the server's initial "
+            "statistics.</p>",
+        ]
     if rows[-1].get("epsilon") is not None:
         parts += [
             "<h2>Privacy</h2>",
@@ -152,6 +163,7 @@ def _metrics_table(rows: list[dict]) -> str:
         "round",
         *[k for k in ("accuracy", "rougeL") if k in rows[-1]],
         "loss",
+        *[k for k in rows[-1] if k.startswith("local_")],
         "bytes_up",
         "bytes_down",
         "messages_up",
