@@ -76,3 +76,17 @@ def test_bass_keeps_equal_agents_together_and_separates_far_apart_ones(test):
         outcome[case] = simulation.rule.membership[:, 0, 1].mean()  # fraction still sharing
     assert outcome["equal"] >= 1 - delta
     assert outcome["far"] <= 0.05
+
+
+def test_mahalanobis_test_with_a_regulariser_and_norm_bound_other_than_one():
+    """lam = 2, S = 3, V = 100 I: the pair's radius is sqrt(2 log(1/delta) + log(det V_i det V_j / lam^4))
+    + sqrt(lam) sqrt(2) S = sqrt(2 log 20 + 4 log 50) + 6, against ||diff||^2 100 / 2."""
+    d, lam = 2, 2.0
+    conf = Confidence(lam=lam, noise_bound=1.0, norm_bound=3.0, delta=0.05)
+    gram = 100.0 * np.eye(d)
+    inverse, logdet = np.linalg.inv(gram), np.linalg.slogdet(gram)[1]
+    beta = np.sqrt(2 * np.log(20) + 4 * np.log(50)) + 6.0
+    threshold = beta / np.sqrt(50)
+    for gap, separated in ((0.99 * threshold, False), (1.01 * threshold, True)):
+        got = mahalanobis_separated(np.zeros(d), inverse, logdet, np.array([0.0, gap]), inverse, logdet, conf)
+        assert bool(got) is separated
