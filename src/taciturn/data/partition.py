@@ -106,7 +106,12 @@ def one_class(labels: np.ndarray, num_clients: int, rng: np.random.Generator) ->
 
 def natural(groups: np.ndarray | None) -> list[np.ndarray]:
     """One client per distinct value of ``groups`` (a user, writer or task id per sample), in sorted
-    order of the values: the partition real cross-device data comes with. No randomness is needed."""
+    order of the values: the partition real cross-device data comes with. No randomness is needed.
+
+    flwr-datasets' NaturalIdPartitioner numbers the clients the same way (sorted ids) but only for
+    Hugging Face datasets, not tensors, and its 0.6.1 requires datasets>=4,<5: installing it beside
+    the hf extra downgrades datasets 5.2.0 -> 4.8.5 and huggingface_hub 2.4.0 -> 1.33.0 (checked
+    with pip install --dry-run -c constraints.txt flwr-datasets), so it is not used."""
     if groups is None:
         raise PartitionError(
             "partition.kind = 'natural' needs a client id per sample: data.dataset = 'hf' with "

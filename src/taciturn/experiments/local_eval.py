@@ -33,8 +33,9 @@ def local_scores(
     names: frozenset[str],
 ) -> dict[str, float | int]:
     """``local_<metric>``: the mean over clients of their own models' scores; ``local_clients``: how many."""
+    counts = data.histogram()  # (clients x classes), or one column of sizes
     scores = [
-        _client_scores(task, data, params | {n: s[n].to(params[n].device) for n in names}, client)
+        _client_scores(task, data, params | {n: s[n].to(params[n].device) for n in names}, counts[client])
         for client in sorted(store.clients())
         if (s := store.get(client)) is not None
     ]
@@ -46,12 +47,12 @@ def local_scores(
 
 
 def _client_scores(
-    task: ClassificationTask, data: FederatedData, params: Params, client: int
+    task: ClassificationTask, data: FederatedData, params: Params, counts: np.ndarray
 ) -> dict[str, float]:
     y = task.y_test
     if data.dataset.num_classes == 0:
         return task.evaluate(params)
-    counts = data.histogram()[client].astype(np.float64)
+    counts = counts.astype(np.float64)
     held_out = torch.bincount(y, minlength=len(counts)).cpu().numpy()[: len(counts)] > 0
     weights = counts * held_out
     if weights.sum() == 0:  # none of the client's classes is held out: score it on all of them
