@@ -305,3 +305,20 @@ def test_bass_tests_each_repetition_with_its_own_norm_bound():
     bass.update(stats, np.array([0, 1]), np.array([0, 0]), step=0)
     assert bass.membership[:, 0, 1].tolist() == [False, True]
     assert bass.membership[:, 1, 0].tolist() == [False, True] and bass.membership[:, [0, 1], [0, 1]].all()
+
+
+@pytest.mark.parametrize(("fraction", "merged"), [(0.8, True), (1.3, False)])
+def test_sclub_merges_checked_clusters_closer_than_half_their_widths(fraction, merged):
+    """Clusters {0, 1} (400 samples, estimate (0, 402/401)) and {2} (200 samples) merge iff their
+    distance is below alpha/2 (F(400) + F(200)), F(T) = sqrt((1 + ln(1 + T)) / (1 + T))."""
+
+    def width(count):
+        return math.sqrt((1 + math.log(1 + count)) / (1 + count))
+
+    threshold = 0.5 * (width(400) + width(200))
+    y = 402 / 401 + fraction * threshold
+    stats = stats_with([[0.0, 1.0], [0.0, 1.0], [0.0, y]], [200, 200, 200])
+    sclub = Sclub(1, 3, dim=2, alpha=1.0)
+    sclub.load(sclub.state() | {"labels": np.array([[0, 0, 1]]), "checked": np.ones((1, 3), bool)})
+    sclub._merge(stats, np.array([0]))
+    assert (len(set(sclub.labels[0].tolist())) == 1) is merged
