@@ -9,6 +9,7 @@ from taciturn.core import Channel, Ledger, Message, Streams, codec
 from taciturn.core.ledger import Direction
 from taciturn.rl import FedQ, FedQFederation, UCBQLearning, bonuses, random_mdp, step_sizes, ucb
 from taciturn.rl.agents import explore, trigger_thresholds
+from taciturn.rl.federation import RoundRecord
 from taciturn.rl.mdp import TabularMDP
 from taciturn.rl.step_sizes import alpha
 from tests.test_rl_mdp import hand_mdp
@@ -333,3 +334,76 @@ def test_case_1_refuses_two_samples_from_one_agent_and_bad_sizes_are_refused():
         ucb.run(
             UCBQLearning(random_mdp(2, 2, 2, np.random.default_rng(0)), 2), 3, [Streams(0)], np.array([3])
         )
+
+
+def test_ucb_regret_is_the_gap_of_the_policy_held_at_each_episode_start():
+    """Against a plain loop: the same uniforms (path 0's stream, agent 0, blocks of 4096 episodes),
+    one episode at a time, V*_1 - V^pi_1 of the first state re-evaluated before every episode."""
+    mdp = hand_mdp(initial=(0.6, 0.4))
+    record_at = np.array([1, 7, 4096, 4100])
+    got = ucb.run(UCBQLearning(mdp, 1), 4100, [Streams(8)], record_at)
+    learner, regret, expected = UCBQLearning(mdp, 1), 0.0, []
+    uniforms = np.concatenate(
+        [
+            Streams(8).numpy(0, 0, "episodes").random((4096, 3)),
+            Streams(8).numpy(1, 0, "episodes").random((4, 3)),
+        ]
+    )
+    for j, u in enumerate(uniforms, start=1):
+        values = mdp.policy_values(learner.policy[0])
+        states, _ = learner.episode(u[None])
+        regret += mdp.optimal[1][0, states[0, 0]] - values[0, states[0, 0]]
+        if j in record_at:
+            expected.append(regret)
+    np.testing.assert_allclose(got[0], expected, rtol=1e-12)
+
+
+def test_a_round_nobody_hears_reports_the_servers_policy_gap():
+    """Every broadcast lost: no episode, and the record states the server's policy gap. pi^1 plays
+    action 0, worth 0.6 from state 0 against V*_1(0) = 1.1: 0.5 under mu = (1, 0) (see hand_mdp)."""
+    mdp = hand_mdp(initial=(1.0, 0.0))
+    fedq, fed = federation(mdp, agents=2, drop_down=1.0)
+    state, record = fed.run_round(fedq.init(), 1, max_episodes=10)
+    assert record.policy_gap == pytest.approx(0.5, rel=1e-12)
+    nothing = dict(round=1, episodes=0, exploring=0, regret=0.0, triggered=False, scalars_up=0)
+    nothing |= dict(uploads_lost=0, case1=0, case2=0, policy_changes=0, policy_gap=record.policy_gap)
+    assert record == RoundRecord(**nothing, scalars_down=2 * 3 * 2 * 2)  # 2 agents, 3SH scalars each
+    assert np.array_equal(state.q, fedq.init().q)
+
+
+def test_bernstein_bonuses_where_the_variance_term_is_the_smaller():
+    """t ~ 10^4 on a one-state, one-action MDP with H = 2: B / t is small, so beta is
+    sqrt(H (W + H) / t) + B / t, below the cap sqrt(H^3 / t), and W is what decides it."""
+    H, t0, t1 = 2, 9990, 10000
+    burn_in = math.sqrt(2**7) + math.sqrt(2**6)  # FedQ: sqrt(H^7 S A) + sqrt(M S A H^6), S = A = M = 1
+    fedq = FedQ(H, 1, 1, 1, bonus="bernstein")
+    state = fedq.init()
+    state.visits[0, 0, 0], state.q[0, 0, 0] = t0, 1.2
+    state.value_sum[0, 0, 0], state.square_sum[0, 0, 0], state.beta[0, 0, 0] = t0 * 1.0, t0 * 1.5, 0.03
+    new, _ = fedq.aggregate(state, uploads(fedq, [(0, 10, 1.4)]))  # ten next values of 1.4
+    mean, mean_square = (t0 + 14.0) / t1, (t0 * 1.5 + 10 * 1.96) / t1
+    variance_term = math.sqrt(H * (mean_square - mean**2 + H) / t1) + burn_in / t1
+    assert variance_term < math.sqrt(H**3 / t1)
+    keep = math.prod(1 - 3 / (2 + t) for t in range(t0 + 1, t1 + 1))  # 1 - alpha_t, alpha_t = 3 / (2 + t)
+    expected = keep * 1.2 + (1 - keep) * (0.4 + 1.4) + (variance_term - keep * 0.03) / 2
+    assert new.q[0, 0, 0] == pytest.approx(expected, rel=1e-12)
+    assert new.beta[0, 0, 0] == pytest.approx(variance_term, rel=1e-12)
+    assert new.square_sum[0, 0, 0] == pytest.approx(t0 * 1.5 + 19.6) and new.value_sum[
+        0, 0, 0
+    ] == pytest.approx(t0 + 14.0)
+
+    # UCB-Bernstein (Jin et al.), B = sqrt(H^7 S A): the 10^4-th visit of (h = 1, x, a) with V_2 = 1.3
+    mdp = TabularMDP(np.ones((H, 1, 1, 1)), np.full((H, 1, 1), 0.5), np.ones(1))
+    learner = UCBQLearning(mdp, 1, "bernstein")
+    cell = (0, 0, 0, 0)
+    learner.visits[cell], learner.q[cell], learner.beta[cell] = t1 - 1, 1.7, 0.02
+    learner.value_sum[cell], learner.square_sum[cell] = (t1 - 1) * 1.0, (t1 - 1) * 1.5
+    learner.value[0, 1, 0] = 1.3
+    learner.episode(np.full((1, H + 1), 0.5))
+    mean, mean_square = ((t1 - 1) + 1.3) / t1, ((t1 - 1) * 1.5 + 1.69) / t1
+    beta = math.sqrt(H * (mean_square - mean**2 + H) / t1) + math.sqrt(2**7) / t1
+    assert beta < math.sqrt(H**3 / t1)
+    step = 3 / (2 + t1)
+    bonus = (beta - (1 - step) * 0.02) / (2 * step)
+    assert learner.q[cell] == pytest.approx((1 - step) * 1.7 + step * (0.5 + 1.3 + bonus), rel=1e-12)
+    assert learner.beta[cell] == pytest.approx(beta, rel=1e-12) and learner.visits[cell] == t1

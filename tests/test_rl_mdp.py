@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from taciturn.core import codec
+from taciturn.core import Message, codec
 from taciturn.rl import bonuses
 from taciturn.rl.mdp import TabularMDP, random_mdp
 from taciturn.rl.step_sizes import alpha, alpha_c, theta
@@ -110,3 +110,25 @@ def test_bernstein_bonus_is_the_smaller_of_its_two_forms():
     assert beta[0] == 0.0
     assert beta[1] == pytest.approx(np.sqrt(H**3))  # the burn-in term makes the Hoeffding cap bind
     assert beta[3] == pytest.approx(np.sqrt(H * (2.0 + H) / 1e6) + burn_in / 1e6)
+
+
+def test_min_gap_without_a_suboptimal_action_is_infinite_and_messages_need_every_array():
+    P = np.full((2, 2, 2, 2), 0.5)
+    flat = TabularMDP(P, np.full((2, 2, 2), 0.3), np.array([0.5, 0.5]))  # every action is optimal
+    assert flat.min_gap() == float("inf")
+    message = flat.to_message()
+    partial = Message(arrays={"rewards": message.arrays["rewards"]})
+    with pytest.raises(ValueError) as caught:
+        TabularMDP.from_message(partial)
+    assert (
+        str(caught.value)
+        == "an MDP needs the arrays transitions, rewards, initial; missing transitions, initial"
+    )
+
+
+@pytest.mark.parametrize("sizes", [(0, 2, 2), (2, 0, 2), (2, 2, 0)])
+def test_random_mdp_refuses_an_empty_dimension(sizes):
+    with pytest.raises(ValueError) as caught:
+        random_mdp(*sizes, np.random.default_rng(0))
+    assert str(caught.value) == f"states, actions and horizon must be >= 1, got {', '.join(map(str, sizes))}"
+    assert random_mdp(1, 1, 1, np.random.default_rng(0)).transitions.shape == (1, 1, 1, 1)  # 1 is enough
