@@ -10,6 +10,7 @@ from taciturn.core.ledger import Direction
 from taciturn.rl import FedQ, FedQFederation, UCBQLearning, bonuses, random_mdp, step_sizes, ucb
 from taciturn.rl.agents import explore, trigger_thresholds
 from taciturn.rl.federation import RoundRecord
+from taciturn.rl.fedq import Aggregation
 from taciturn.rl.mdp import TabularMDP
 from taciturn.rl.step_sizes import alpha
 from tests.test_rl_mdp import hand_mdp
@@ -407,3 +408,31 @@ def test_bernstein_bonuses_where_the_variance_term_is_the_smaller():
     bonus = (beta - (1 - step) * 0.02) / (2 * step)
     assert learner.q[cell] == pytest.approx((1 - step) * 1.7 + step * (0.5 + 1.3 + bonus), rel=1e-12)
     assert learner.beta[cell] == pytest.approx(beta, rel=1e-12) and learner.visits[cell] == t1
+
+
+def test_hoeffding_round_over_more_terms_than_one_batch():
+    """A cell of 2^20 + 5 terms fills a batch alone; the next cell runs in a second batch.
+    Reference: theta_{t1}^t = alpha_t prod_{j=t+1}^{t1} (1 - alpha_j) with 1 - alpha_j = (j - 1) / (H + j),
+    the product as a reversed cumulative sum of logs, b_t = sqrt(H^3 / t) (c = iota = 1)."""
+    H = 2
+
+    def by_hand(t0, t1):
+        t = np.arange(t0 + 1, t1 + 1, dtype=np.float64)
+        log_keep = np.log(np.maximum(t - 1, 1) / (H + t))  # log(1 - alpha_t); t = 1's is never used
+        after = np.concatenate([np.cumsum(log_keep[::-1])[::-1][1:], [0.0]])  # sum over j = t+1..t1
+        return float(np.sum((H + 1) / (H + t) * np.exp(after) * np.sqrt(H**3 / t)))
+
+    t0, t1 = np.array([0, 3]), np.array([2**20 + 5, 13])
+    got = bonuses.hoeffding_round(t0, t1, H, 1.0, 1.0)
+    np.testing.assert_allclose(got, [by_hand(0, 2**20 + 5), by_hand(3, 13)], rtol=1e-9)
+
+
+def test_aggregation_counts_the_states_whose_greedy_action_changed():
+    fedq = FedQ(horizon=2, states=2, actions=2, agents=3)
+    state = fedq.init()
+    assert fedq.aggregate(state, {}) == (state, Aggregation(0, 0, 0))  # nothing arrived
+    state.q[0, 0] = (5.0, 4.9)  # pi_1(0) = 0; one sample sets Q = 0.4 + 0 + sqrt(8) = 3.23 < 4.9
+    new, aggregation = fedq.aggregate(state, uploads(fedq, [(1, 1, 0.0)]))
+    assert new.q[0, 0, 0] == pytest.approx(0.4 + math.sqrt(8), rel=1e-12)
+    assert aggregation == Aggregation(case1=1, case2=0, policy_changes=1)
+    assert fedq.policy(new)[0, 0] == 1 and state.q[0, 0, 0] == 5.0  # the old state is left alone
