@@ -259,3 +259,13 @@ def test_scaffold_server_step_by_hand_and_partial_sums_combine_to_the_whole():
         torch.testing.assert_close(combined.params["w"], state.params["w"], rtol=0, atol=1e-15)
         torch.testing.assert_close(combined.control["w"], state.control["w"], rtol=0, atol=1e-15)
         assert scaffold.aggregate(start_state, 1, empty) is start_state
+
+
+def test_fedadmm_samples_its_fraction_and_starts_each_round_with_fresh_momentum():
+    fedadmm = FedADMM(FedADMMConfig(fraction=0.4, rho=0.5, local={"momentum": 0.9}))
+    assert fedadmm.config.clients_per_round(5) == 2  # C N of the N agents, not every agent
+    picked = fedadmm.select_clients(None, 1, 5, np.random.default_rng(0))
+    assert len(picked) == 2 and len(set(picked.tolist())) == 2
+    config = fedadmm.config
+    assert (config.rho, config.per_agent_rho, config.persistent_momentum) == (0.5, False, False)
+    assert config.delta == config.delta_z == 0.0 and config.local.momentum == 0.9
