@@ -18,22 +18,14 @@ from taciturn.experiments.runner import start
 from taciturn.report.rundir import RunDir
 from tests.conftest import tiny_config
 from tests.deploy_processes import Federation, Processes
+from tests.test_deploy import ALGORITHMS as IN_PROCESS
+from tests.test_deploy import rows
 
 BOOT_S = 180  # generous: Flower's processes start slowly on a busy machine; a healthy one needs seconds
 RUN_S = 600
 NODES = 3  # node i hosts client i - 1
-ALGORITHMS = {
-    "fedavg": {"name": "fedavg", "fraction": 1.0, "local": {"batch_size": 16, "lr": 0.1}},
-    "scaffold": {"name": "scaffold", "fraction": 1.0, "local": {"batch_size": 16, "lr": 0.1}},
-    # triggers that fire sometimes: silent uplinks (empty replies), downlinks with no model
-    "event_admm": {
-        "name": "event_admm",
-        "fraction": 1.0,
-        "delta": 0.2,
-        "delta_z": 0.1,
-        "local": {"steps": 2},
-    },
-}
+# the in-process tests' algorithms, every client picked every round (one client per node)
+ALGORITHMS = {name: algorithm | {"fraction": 1.0} for name, algorithm in IN_PROCESS.items()}
 
 
 def config(name: str, algorithm: str):
@@ -43,10 +35,6 @@ def config(name: str, algorithm: str):
         partition={"kind": "dirichlet", "num_clients": NODES, "alpha": 1.0, "min_size": 5},
         algorithm=ALGORITHMS[algorithm],
     )
-
-
-def rows(rundir: RunDir):
-    return [{k: v for k, v in r.items() if k != "wall_s"} for r in rundir.read_metrics()]
 
 
 def close_enough(a: dict, b: dict) -> bool:

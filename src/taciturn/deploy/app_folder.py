@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from taciturn.deploy.settings import DeployError, run_config_of
+from taciturn.deploy.settings import DeployError, checked_min_nodes, run_config_of
 from taciturn.experiments.config import RunConfig, to_toml
 
 PYPROJECT = """\
@@ -59,8 +59,7 @@ def write_app(
     folder = Path(folder)
     text = to_toml(config)
     run_config_of(text)  # a config that cannot deploy fails here, before anything starts
-    if min_nodes < 1:
-        raise DeployError(f"min-nodes must be >= 1, got {min_nodes}")
+    checked_min_nodes(min_nodes)
     pyproject = folder / "pyproject.toml"
     if pyproject.exists() and not overwrite:
         raise DeployError(f"{pyproject} exists; pass --overwrite to replace it")

@@ -46,9 +46,8 @@ class InProcessGrid(Grid):
         self.round = 0  # the executor asks for the nodes once at the start of each round
         self.replies: dict[str, Message] = {}
         self.requests: list[Message] = []
-        self.states: dict[
-            int, RecordDict
-        ] = {}  # each node's run state (the SecAgg+ mod keeps its keys there)
+        # each node's run state (the SecAgg+ mod keeps its keys there)
+        self.states: dict[int, RecordDict] = {}
         self.client_app = client_app.secagg_app if config.secagg.enabled else client_app.app
 
     def set_run(self, run) -> None:

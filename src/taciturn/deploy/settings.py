@@ -69,6 +69,12 @@ def run_config_of(text: str, data: tuple[tuple[str, Any], ...] = ()) -> RunConfi
     return config
 
 
+def checked_min_nodes(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DeployError(f"min-nodes must be an integer >= 1, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     config: RunConfig
@@ -83,9 +89,7 @@ class ServerSettings:
         timeout = float(run_config.get("round-timeout", 120.0))
         if timeout <= 0:
             raise DeployError(f"round-timeout must be positive, got {timeout}")
-        min_nodes = run_config.get("min-nodes", 1)
-        if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or min_nodes < 1:
-            raise DeployError(f"min-nodes must be an integer >= 1, got {min_nodes!r}")
+        min_nodes = checked_min_nodes(run_config.get("min-nodes", 1))
         return cls(
             run_config_of(str(_require(run_config, "taciturn-config", where))),
             Path(str(_require(run_config, "out", where))),

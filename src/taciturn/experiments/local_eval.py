@@ -34,8 +34,11 @@ def local_scores(
 ) -> dict[str, float | int]:
     """``local_<metric>``: the mean over clients of their own models' scores; ``local_clients``: how many."""
     counts = data.histogram()  # (clients x classes), or one column of sizes
+    held_out = None  # which classes the held-out set has (None: targets are not classes)
+    if data.dataset.num_classes:
+        held_out = torch.bincount(task.y_test, minlength=counts.shape[1]).cpu().numpy()[: counts.shape[1]] > 0
     scores = [
-        _client_scores(task, data, params | {n: s[n].to(params[n].device) for n in names}, counts[client])
+        _client_scores(task, params | {n: s[n].to(params[n].device) for n in names}, counts[client], held_out)
         for client in sorted(store.clients())
         if (s := store.get(client)) is not None
     ]
@@ -47,17 +50,15 @@ def local_scores(
 
 
 def _client_scores(
-    task: ClassificationTask, data: FederatedData, params: Params, counts: np.ndarray
+    task: ClassificationTask, params: Params, counts: np.ndarray, held_out: np.ndarray | None
 ) -> dict[str, float]:
-    y = task.y_test
-    if data.dataset.num_classes == 0:
+    if held_out is None:
         return task.evaluate(params)
-    counts = counts.astype(np.float64)
-    held_out = torch.bincount(y, minlength=len(counts)).cpu().numpy()[: len(counts)] > 0
-    weights = counts * held_out
+    weights = counts.astype(np.float64) * held_out
     if weights.sum() == 0:  # none of the client's classes is held out: score it on all of them
         return task.evaluate(params)
     weights /= weights.sum()
+    y = task.y_test
     total: dict[str, float] = {}
     for c in np.flatnonzero(weights):
         mask = y == int(c)

@@ -90,16 +90,10 @@ class ServerAggregation:
         arrivals = sorted(arrivals, key=lambda a: a.client)
         names = sorted(n for n in spec if n.startswith(self.prefix))
         size = sum(int(np.prod(spec[n].shape)) for n in names)
-        rows = (
-            torch.stack(
-                [
-                    torch.cat([torch.from_numpy(a.message.arrays[n]).reshape(-1) for n in names])
-                    for a in arrivals
-                ]
-            )
-            if arrivals
-            else torch.zeros(0, size)
-        )
+        flat = [
+            torch.cat([torch.from_numpy(a.message.arrays[n]).reshape(-1) for n in names]) for a in arrivals
+        ]
+        rows = torch.stack(flat) if flat else torch.zeros(0, size)
         weights = torch.tensor([float(a.message.meta["num_samples"]) for a in arrivals], dtype=torch.float64)
         state = self.state if self.state is not None else self.chain.init(rows.shape[1])
         out, state, info = self.chain.update(
@@ -114,12 +108,14 @@ class ServerAggregation:
             size = int(np.prod(spec[n].shape))
             arrays[n] = row[offset : offset + size].reshape(spec[n].shape).numpy().astype(spec[n].dtype)
             offset += size
+        w = (weights / weights.sum()).numpy() if arrivals else None
         for n in spec:
-            if not n.startswith(self.prefix):  # the weighted mean (zero when nobody sent one)
-                stacked = np.stack(
-                    [a.message.arrays[n].astype(np.float64) for a in arrivals] or [np.zeros(spec[n].shape)]
-                )
-                w = (weights / weights.sum()).numpy() if arrivals else np.zeros(1)
+            if n.startswith(self.prefix):
+                continue
+            if w is None:  # a bare release (DP noise in a round nobody sent in): no mean to take
+                arrays[n] = np.zeros(spec[n].shape, spec[n].dtype)
+            else:  # the weighted mean
+                stacked = np.stack([a.message.arrays[n].astype(np.float64) for a in arrivals])
                 arrays[n] = np.tensordot(w, stacked, axes=1).astype(spec[n].dtype)
         total = sum(int(a.message.meta["num_samples"]) for a in arrivals) or 1  # weight 1 for a bare release
         return Arrival(SERVER, Message(arrays, {"num_samples": total}))
