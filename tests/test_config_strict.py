@@ -62,3 +62,34 @@ def test_a_config_file_of_binary_garbage_is_a_config_error(tmp_path, capsys):
     assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "is not valid TOML" in err and "Traceback" not in err
+
+
+def test_optional_numbers_and_numbers_in_optional_tuples_are_strict_and_text_fields_are_not():
+    """The rule reaches through ``X | None`` and through tuples of annotated numbers, and leaves
+    fields that may hold text alone (a ``str | None`` or an ``int | tuple[str, ...]``)."""
+    from typing import Annotated
+
+    from pydantic import Field, ValidationError
+
+    from taciturn.algorithms.base import StrictModel
+
+    class Options(StrictModel):
+        count: int | None = None
+        scale: float | None = None
+        sizes: tuple[Annotated[int, Field(ge=0)], ...] | None = None
+        address: str | None = None
+        held_out: int | tuple[str, ...] = 0
+
+    for tree, message in (
+        ({"count": "10"}, "count must be a number, not str '10'"),
+        ({"count": True}, "count must be a number, not bool True"),
+        ({"scale": "0.5"}, "scale must be a number, not str '0.5'"),
+        ({"sizes": [1, "2"]}, "sizes must be a number, not str '2'"),
+        ({"sizes": [False]}, "sizes must be a number, not bool False"),
+    ):
+        with pytest.raises(ValidationError, match=message):
+            Options(**tree)
+    options = Options(count=3, scale=1, sizes=[1, 2], address="auto", held_out=["a", "b"])
+    assert (options.count, options.scale, options.sizes) == (3, 1.0, (1, 2))
+    assert (options.address, options.held_out) == ("auto", ("a", "b"))
+    assert Options(held_out=4).held_out == 4

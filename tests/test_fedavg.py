@@ -132,3 +132,99 @@ def test_clients_per_round():
     assert FedAvgConfig(fraction=0.1).clients_per_round(100) == 10
     assert FedAvgConfig(fraction=0.29).clients_per_round(100) == 29
     assert FedAvgConfig(fraction=0.01).clients_per_round(10) == 1
+    assert FedAvgConfig(fraction=0.27).clients_per_round(10) == 2  # floor(2.7), not round(2.7)
+    assert FedAvgConfig(fraction=1.0).clients_per_round(7) == 7
+
+
+def test_client_end_sends_the_change_with_its_sample_count_and_a_finite_loss_only():
+    from taciturn.algorithms.base import ClientContext, LocalTraining, TrainResult
+    from taciturn.core import Streams
+
+    algorithm = FedAvg(FedAvgConfig())
+    ctx = ClientContext(2, 1, None, None, 7, Streams(0), None, None)
+    work = LocalTraining(params={"w": torch.tensor([1.0, 2.0])}, consts={})
+    out = algorithm.client_end(ctx, work, TrainResult({"w": torch.tensor([0.5, 3.0])}, None, 1, 0.25))
+    assert out.state is None and dict(out.uplink.meta) == {"num_samples": 7, "train_loss": 0.25}
+    assert out.uplink.arrays["w"].tolist() == [-0.5, 1.0]  # w^k - w_t
+    state = FedAvgState({"w": torch.tensor([1.0, 2.0])})
+    models = algorithm.client_models(state, [Arrival(2, out.uplink)])
+    assert [(n, m["w"].tolist()) for n, m in models] == [(7.0, [-0.5, 1.0])]  # (n_k, w^k - w_t)
+    # a non-finite mean loss is left out of the metadata; a trainer's own delta is sent as it is
+    result = TrainResult({"w": torch.tensor([0.5, 3.0])}, None, 1, float("nan"), delta={"w": torch.ones(2)})
+    out = algorithm.client_end(ctx, work, result)
+    assert dict(out.uplink.meta) == {"num_samples": 7} and out.uplink.arrays["w"].tolist() == [1.0, 1.0]
+    received = Message({"w": np.array([3.0, 4.0], np.float32)})
+    work = algorithm.client_begin(ClientContext(2, 1, received, None, 7, Streams(0), None, None))
+    assert work.params["w"].tolist() == [3.0, 4.0] and work.consts == {}
+    assert algorithm.client_begin(ClientContext(2, 1, None, None, 7, Streams(0), None, None)).uplink is None
+
+
+def test_positive_count_refuses_booleans_zero_negatives_floats_and_missing_values():
+    from taciturn.algorithms.base import positive_count
+
+    assert positive_count(Message({}, {"n": 1}), "n") is None
+    for value in (True, 0, -3, 2.0):
+        reason = positive_count(Message({}, {"n": value}), "n")
+        assert reason == f"metadata 'n' must be a positive integer, got {value!r}"
+    assert positive_count(Message({}, {}), "n") == "metadata 'n' must be a positive integer, got None"
+
+
+def test_clients_are_sampled_without_replacement_and_sorted():
+    algorithm = FedAvg(FedAvgConfig(fraction=0.5))
+    for seed in range(50):
+        picked = algorithm.select_clients(None, 1, 10, np.random.default_rng(seed)).tolist()
+        assert len(picked) == 5 and picked == sorted(set(picked)) and picked[0] >= 0 and picked[-1] <= 9
+
+
+def test_minibatches_come_from_the_clients_own_stream_for_the_round():
+    """Two clients of 8 samples, batches of 3: each round is one pass over the client's own samples
+    (3 + 3 + 2), in the order of batch_plan on the stream (round, client, "batches")."""
+    from taciturn.algorithms.base import ClientContext, LocalConfig
+    from taciturn.core import Streams
+    from taciturn.data.batching import batch_plan
+    from tests.quadratic import least_squares_data
+
+    data = least_squares_data(num_clients=2, sizes=(8,))
+    config = LocalConfig(batch_size=3)
+    plans = {}
+    for client in (0, 1):
+        for round in (1, 2):
+            ctx = ClientContext(client, round, None, None, 8, Streams(4), data, None)
+            batches = ctx.batch_indices(config)
+            own = data.client_indices(client)
+            expected = batch_plan(8, 3, 1, None, Streams(4).numpy(round, client, "batches"))
+            assert [b.tolist() for b in batches] == [own[p].tolist() for p in expected]
+            assert [len(b) for b in batches] == [3, 3, 2]
+            assert sorted(np.concatenate(batches).tolist()) == own.tolist()
+            first = next(ctx.batches(config))
+            assert torch.equal(first[0], data.batch(batches[0])[0])
+            plans[client, round] = [p.tolist() for p in expected]
+    assert plans[0, 1] != plans[0, 2] and plans[0, 1] != plans[1, 1]  # each round and client its own
+
+
+def test_fedbn_buffers_make_fedavg_stateful_and_never_travel_up():
+    from taciturn.algorithms.base import ClientContext, TrainResult
+    from taciturn.core import Streams
+
+    algorithm = FedAvg(FedAvgConfig())
+    assert algorithm.keeps_client_state is False and algorithm.local_buffers == frozenset()
+    algorithm.keep_buffers_local(frozenset({"bn"}))
+    assert algorithm.keeps_client_state is True and algorithm.local_buffers == frozenset({"bn"})
+    state = FedAvgState({"w": torch.zeros(2), "bn": torch.zeros(3)})
+    assert list(algorithm.uplink_spec(state)) == ["w"]
+    received = Message({"w": np.array([1.0, 2.0], np.float32), "bn": np.zeros(3, np.float32)})
+    own = {"bn": torch.tensor([5.0, 6.0, 7.0])}
+    first = algorithm.client_begin(ClientContext(0, 1, received, None, 4, Streams(0), None, None))
+    assert first.params["bn"].tolist() == [0.0, 0.0, 0.0]  # first round: the broadcast's statistics
+    work = algorithm.client_begin(ClientContext(0, 2, received, own, 4, Streams(0), None, None))
+    assert work.params["w"].tolist() == [1.0, 2.0] and work.params["bn"].tolist() == [5.0, 6.0, 7.0]
+    trained = {"w": torch.tensor([0.0, 2.5]), "bn": torch.tensor([1.0, 1.0, 1.0])}
+    out = algorithm.client_end(
+        ClientContext(0, 2, received, own, 4, Streams(0), None, None),
+        work,
+        TrainResult(trained, None, 1, 0.5),
+    )
+    assert list(out.uplink.arrays) == ["w"] and out.uplink.arrays["w"].tolist() == [-1.0, 0.5]
+    assert list(out.state) == ["bn"] and out.state["bn"].tolist() == [1.0, 1.0, 1.0]
+    algorithm.keep_buffers_local(frozenset())
+    assert algorithm.keeps_client_state is False

@@ -142,3 +142,71 @@ def test_uplink_checks_at_their_boundaries():
 def test_fedkseed_refuses_weight_decay_and_clipping_too(local):
     with pytest.raises(ValueError, match=r"remove algorithm\.local\.momentum, weight_decay and clip_norm"):
         FedKSeedConfig(local=local)
+
+
+def test_a_client_whose_copy_disagrees_with_the_history_is_refused_with_both_rounds():
+    from taciturn.algorithms.replay import check_caught_up
+
+    check_caught_up(3, 4, 5)  # round 5 starts from round 4's model
+    for held in (3, 5):
+        with pytest.raises(ValueError) as refused:
+            check_caught_up(3, held, 5)
+        assert str(refused.value) == (
+            f"client 3 holds the model of round {held}, but round 5 starts from round 4: "
+            "the server's history and the client's copy disagree"
+        )
+
+
+def test_the_downlink_carries_every_nonzero_scalar_since_the_clients_round_even_a_scalar_of_one():
+    algorithm, state = make()
+    a = Message(
+        {"seeds": np.array([1, 3], np.int32), "grads": np.array([2.0, 4.0], np.float32)}, {"num_samples": 4}
+    )
+    b = Message(
+        {"seeds": np.array([3, 5], np.int32), "grads": np.array([-2.0, 0.5], np.float32)}, {"num_samples": 4}
+    )
+    state = algorithm.aggregate(state, 1, [Arrival(0, a), Arrival(1, b)])  # G = 1, 1, 0.25 at 1, 3, 5
+    state = algorithm.aggregate(state, 2, [Arrival(1, b)])  # G = -2, 0.5 at 3, 5
+    assert state.synced.tolist() == [0, 1, 0]  # an uplink of round r proves the client held round r - 1
+    down = algorithm.downlink(state, 3, [0, 1, 2])
+    assert down[0] is down[2] and down[0].meta["first_round"] == 1  # same position, one message
+    assert down[0].arrays["counts"].tolist() == [3, 2]
+    assert down[0].arrays["seeds"].tolist() == [1, 3, 5, 3, 5]
+    assert down[0].arrays["grads"].tolist() == [1.0, 1.0, 0.25, -2.0, 0.5]
+    assert down[1].meta["first_round"] == 2 and down[1].arrays["counts"].tolist() == [2]
+    assert down[1].arrays["seeds"].tolist() == [3, 5] and down[1].arrays["grads"].tolist() == [-2.0, 0.5]
+
+
+def test_adjacent_seeds_are_accepted_and_a_stale_copy_is_refused_with_the_clients_name():
+    algorithm, state = make(seeds=8)
+    adjacent = Message(
+        {"seeds": np.array([2, 3], np.int32), "grads": np.ones(2, np.float32)}, {"num_samples": 4}
+    )
+    assert algorithm.check_uplink_meta(adjacent) is None
+    down = algorithm.downlink(state, 1, [2])[2]  # the history from round 1 on
+    ahead = {"synced_round": torch.tensor(1), "params/w": torch.zeros(4)}  # claims round 1 already
+    with pytest.raises(
+        ValueError, match=r"^client 2 holds the model of round 1, but round 1 starts from round 0"
+    ):
+        algorithm.client_begin(context(algorithm, 2, 1, down, ahead))
+    short = algorithm.downlink(state, 1, [2])[2]  # no round of history, yet the client is in round 3
+    with pytest.raises(
+        ValueError, match=r"^client 2 holds the model of round 0, but round 3 starts from round 2"
+    ):
+        algorithm.client_begin(context(algorithm, 2, 3, short))
+    with pytest.raises(AssertionError) as refused:
+        algorithm.client_end(None, None, None)
+    assert str(refused.value) == "FedKSeed clients train in client_begin (zeroth-order steps)"
+
+
+def test_each_seed_is_a_fixed_gaussian_direction_drawn_tensor_by_tensor_from_its_run_stream():
+    from taciturn.core.rng import SERVER
+
+    params = {"a": torch.zeros(2, 3), "b": torch.zeros(4)}
+    perturb(params, Streams(5), 6, 0.5)
+    generator = Streams(5).torch(0, SERVER, "fedkseed-seed/6")  # round 0: the same for the whole run
+    a, b = torch.randn(2, 3, generator=generator), torch.randn(4, generator=generator)
+    assert torch.equal(params["a"], 0.5 * a) and torch.equal(params["b"], 0.5 * b)
+    _, state = make()
+    assert state.synced.dtype == torch.int64 and state.synced.tolist() == [0, 0, 0]
+    assert state.history.shape == (0, 8)

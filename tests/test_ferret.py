@@ -378,3 +378,118 @@ def test_uplink_counts_are_checked_at_their_bounds():
     assert "num_samples" in algorithm.check_uplink_meta(uplink([2] * blocks, n=0))
     ctx = ClientContext(0, 1, None, None, 10, algorithm.streams, None, None)
     assert algorithm.client_begin(ctx).uplink is None  # nothing arrived: silent
+
+
+def test_grouping_ties_stay_in_one_block_and_each_block_starts_its_count_at_zero():
+    # median 100 -> target 90; 50 + 40 = 90 is not past it (one block), 90 + 100 is
+    sizes = {"a": 50, "b": 40, "c": 100, "d": 50, "e": 40, "f": 100, "g": 100, "h": 100, "i": 100}
+    blocks = group_blocks({name: torch.zeros(n) for name, n in sizes.items()})
+    assert [b.names for b in blocks] == [("a", "b"), ("c",), ("d", "e"), ("f",), ("g",), ("h",), ("i",)]
+    assert [b.size for b in blocks] == [90, 100, 90, 100, 100, 100, 100]
+
+
+def test_allocation_below_unit_norms_and_another_minimum():
+    assert allocate_bases([0.5, 0.25, 0.01], 16) == [16, 8, 2]  # only the ratio to the largest counts
+    assert allocate_bases([1.0, 0.1], 8, minimum=3) == [8, 3]
+    assert allocate_bases([], 8) == []
+
+
+def test_round_cache_keeps_the_newest_rounds_within_its_cap():
+    from taciturn.algorithms.shared_bases import RoundCache
+
+    def pieces(value):
+        return [torch.full((4,), float(value))]  # 16 bytes a round
+
+    cache = RoundCache(max_bytes=32)
+    cache.put(1, pieces(1))
+    cache.put(2, pieces(2))  # exactly at the cap: both stay
+    assert cache.get(1)[0][0] == 1.0 and cache.get(2)[0][0] == 2.0 and cache.hits == 2
+    cache.put(3, pieces(3))  # past the cap: the oldest round goes
+    assert cache.get(1) is None and cache.get(2)[0][0] == 2.0 and cache.get(3)[0][0] == 3.0
+    assert cache.hits == 4
+    nothing = RoundCache(max_bytes=0)
+    nothing.put(1, pieces(1))
+    assert nothing.get(1) is None and nothing.hits == 0
+
+
+def test_reconstruction_skips_only_the_empty_blocks_of_a_contribution():
+    """Two contributions on blocks of 3 and 2: one with no slot for block 0, one with a single slot
+    for block 1. Each block is the sum of gamma v over the slots it has, by hand from the bases."""
+    blocks = [Block(("a",), ((3,),)), Block(("b",), ((2,),))]
+    bases = Bases(Streams(9), "uniform")
+    first = Contribution(0, [0, 2], torch.tensor([1.0, -2.0]))
+    second = Contribution(1, [2, 1], torch.tensor([0.5, 3.0, 4.0]))
+    pieces = bases.reconstruct(blocks, [first, second], 7)
+
+    def v(owner, block, slot, size):
+        return bases.basis(7, owner, block, slot, size)
+
+    block_a = 0.5 * v(1, 0, 0, 3) + 3.0 * v(1, 0, 1, 3)
+    block_b = 1.0 * v(0, 1, 0, 2) - 2.0 * v(0, 1, 1, 2) + 4.0 * v(1, 1, 0, 2)
+    torch.testing.assert_close(pieces[0], block_a)
+    torch.testing.assert_close(pieces[1], block_b)
+
+
+def test_a_block_longer_than_one_chunk_is_projected_and_rebuilt_from_the_whole_basis():
+    from taciturn.algorithms.shared_bases import CHUNK
+
+    d = CHUNK + 4464  # two chunks, the second a partial one
+    blocks = one_block(d)
+    bases = Bases(Streams(2), "uniform")
+    delta = {"w": torch.randn(d, generator=torch.Generator().manual_seed(3))}
+    coords = bases.project(delta, blocks, [2], 1, SERVER)
+    v = [bases.basis(1, SERVER, 0, k, d).double() for k in range(2)]
+    rho = 1 / (3 * d)  # uniform on [-1/sqrt(d), 1/sqrt(d)]
+    expected = [float(v[k] @ delta["w"].double()) / (rho * 2) for k in range(2)]
+    torch.testing.assert_close(
+        coords.double(), torch.tensor(expected, dtype=torch.float64), rtol=1e-4, atol=0
+    )
+    (piece,) = bases.reconstruct(blocks, [Contribution(SERVER, [2], coords)], 1)
+    by_hand = float(coords[0]) * v[0] + float(coords[1]) * v[1]
+    torch.testing.assert_close(piece.double(), by_hand, rtol=1e-4, atol=1e-4 * float(by_hand.abs().max()))
+
+
+def test_the_history_travels_in_compact_dtypes_from_each_clients_round_and_the_cache_cap_is_in_mib():
+    algorithm, state = make_ferret(tiny_params(), replay_cache_mib=3)
+    assert algorithm.cache.max_bytes == 3 * 2**20
+    sent = []
+    for round in (1, 2):  # client 0 speaks in both rounds; client 1 never
+        out, _ = client_update(algorithm, state, round, 0, round)
+        sent.append(out.uplink)
+        state = algorithm.aggregate(state, round, [Arrival(0, out.uplink)])
+    assert state.synced.tolist() == [1, 0, 0, 0]
+    down = algorithm.downlink(state, 3, [0, 1, 2])
+    assert down[1] is down[2] and down[0] is not down[1]
+    whole, tail = down[1], down[0]
+    assert (whole.meta["first_round"], tail.meta["first_round"]) == (1, 2)
+    dtypes = {name: array.dtype for name, array in whole.arrays.items()}
+    assert dtypes == {
+        "rounds": np.dtype(np.uint32),
+        "owners": np.dtype(np.int32),
+        "counts": np.dtype(np.uint16),
+        "coords": np.dtype(np.float32),
+    }
+    assert whole.arrays["rounds"].tolist() == [1, 2] and whole.arrays["owners"].tolist() == [SERVER, SERVER]
+    assert tail.arrays["rounds"].tolist() == [2] and tail.arrays["owners"].tolist() == [SERVER]
+    # one client a round: its counts, and its coordinates divided by the one client heard from
+    assert whole.arrays["counts"].tolist() == [u.arrays["counts"].tolist() for u in sent]
+    assert np.array_equal(whole.arrays["coords"], np.concatenate([u.arrays["coords"] for u in sent]))
+    assert tail.arrays["counts"].tolist() == [sent[1].arrays["counts"].tolist()]
+    assert np.array_equal(tail.arrays["coords"], sent[1].arrays["coords"])
+
+
+def test_a_ferret_client_needs_the_servers_start_and_a_copy_that_matches_the_history():
+    params = tiny_params()
+    fresh = Ferret(FerretConfig())
+    fresh.use_streams(Streams(0))
+    history = Message({}, {"first_round": 1})
+    with pytest.raises(AssertionError) as refused:
+        fresh.client_begin(ClientContext(0, 1, history, None, 10, fresh.streams, None, None))
+    assert str(refused.value) == "init_server runs before any client"
+    algorithm, state = make_ferret(params)
+    down = algorithm.downlink(state, 1, [2])[2]
+    ahead = {"synced_round": torch.tensor(1), **{f"params/{k}": v for k, v in params.items()}}
+    with pytest.raises(
+        ValueError, match=r"^client 2 holds the model of round 1, but round 1 starts from round 0"
+    ):
+        algorithm.client_begin(ClientContext(2, 1, down, ahead, 10, algorithm.streams, None, None))
