@@ -226,3 +226,69 @@ def test_an_agent_that_never_heard_z_stays_silent_and_momentum_can_be_dropped():
     assert algorithm.client_begin(ctx_for(held, None)).momentum is None
     out = algorithm.finish(ctx_for({}, None), w(0.0), w(0.0), w(1.0), w(7.0), {})
     assert not any(k.startswith("momentum/") for k in out.state)
+
+
+def sgd_x_update_by_hand(a, b, start, anchor, rho, steps, lr, beta, buf):
+    """Full-batch heavy-ball SGD on (1/2n)||A x - b||^2 + (rho/2)||x - anchor||^2 from ``start`` with
+    the momentum buffer ``buf`` (engine/local_training.py: b <- beta b + g; x <- x - lr b):
+    (the end point, the buffer, the mean objective over the steps)."""
+    x, buf, values = start.clone(), buf.clone(), []
+    for _ in range(steps):
+        values.append(float(0.5 * ((a @ x - b) ** 2).mean() + 0.5 * rho * ((x - anchor) ** 2).sum()))
+        g = a.T @ (a @ x - b) / len(b) + rho * (x - anchor)
+        buf = beta * buf + g
+        x = x - lr * buf
+    return x, buf, sum(values) / steps
+
+
+def test_sgd_x_updates_with_persistent_momentum_two_rounds_by_hand():
+    """Two agents (20 and 40 samples), rho_i = rho (n / N) / n_i, 3 full-batch steps with momentum
+    0.5 kept across rounds: z, each agent's dual, relaxed model, last vector and momentum buffer,
+    and the mean local objective each uplink reports, for two rounds."""
+    data = least_squares_data(num_clients=2)
+    steps, lr, beta, rho = 3, 0.05, 0.5, 2.0
+    algorithm = EventADMM(
+        EventADMMConfig(rho=rho, local={"steps": steps, "batch_size": 10_000, "lr": lr, "momentum": beta})
+    )
+    fed = federation(algorithm, data)
+    heard = {}
+    original = algorithm.aggregate
+
+    def spy(state, round, arrivals):
+        heard[round] = {a.client: dict(a.message.meta) for a in arrivals}
+        return original(state, round, arrivals)
+
+    algorithm.aggregate = spy
+    batches = [data.batch(data.client_indices(i)) for i in range(2)]
+    rhos = [rho * 30 / 20, rho * 30 / 40]
+    zero = torch.zeros(3, dtype=torch.float64)
+    z, u, x, bufs = zero, [zero, zero], [zero, zero], [zero, zero]
+    state = start(algorithm, data)
+    for round in (1, 2):
+        if round == 2:  # u_i <- u_i + x_hat_i - z
+            u = [u[i] + x[i] - z for i in range(2)]
+        paths = [
+            sgd_x_update_by_hand(*batches[i], z, z - u[i], rhos[i], steps, lr, beta, bufs[i])
+            for i in range(2)
+        ]
+        x, bufs = [p[0] for p in paths], [p[1] for p in paths]
+        v = [x[i] + u[i] for i in range(2)]
+        z = (v[0] + v[1]) / 2
+        state, report = fed.run_round(state, round)
+        assert report.accepted == [0, 1]
+        torch.testing.assert_close(state.z["w"], z, rtol=1e-12, atol=1e-12)
+        for i in range(2):
+            held = fed.executor.pipeline.store.get(i)
+            for key, expected in (("u", u[i]), ("x_hat", x[i]), ("last", v[i]), ("momentum", bufs[i])):
+                torch.testing.assert_close(held[f"{key}/w"], expected, rtol=1e-12, atol=1e-12, msg=key)
+            assert heard[round][i]["train_loss"] == pytest.approx(paths[i][2], rel=1e-12)
+
+
+def test_over_relaxation_by_hand():
+    """x_hat = alpha x + (1 - alpha) z_hat: alpha = 1.5, x = (2, 4), z_hat = (1, 0), u = (0.5, 0)."""
+    algorithm = EventADMM(EventADMMConfig(relaxation=1.5))
+    out = algorithm.finish(ctx_for({}, None), w(1.0, 0.0), w(0.5, 0.0), w(2.0, 4.0), None, {})
+    assert out.state["x_hat/w"].tolist() == [2.5, 6.0]  # 1.5 (2, 4) - 0.5 (1, 0)
+    assert out.state["u/w"].tolist() == [0.5, 0.0] and out.state["z_hat/w"].tolist() == [1.0, 0.0]
+    assert out.uplink.arrays["w"].tolist() == [3.0, 6.0] and out.state["last/w"].tolist() == [3.0, 6.0]
+    assert sorted(out.state) == ["last/w", "u/w", "x_hat/w", "z_hat/w"]

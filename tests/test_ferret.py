@@ -381,11 +381,15 @@ def test_uplink_counts_are_checked_at_their_bounds():
 
 
 def test_grouping_ties_stay_in_one_block_and_each_block_starts_its_count_at_zero():
-    # median 100 -> target 90; 50 + 40 = 90 is not past it (one block), 90 + 100 is
-    sizes = {"a": 50, "b": 40, "c": 100, "d": 50, "e": 40, "f": 100, "g": 100, "h": 100, "i": 100}
+    # median 100 -> target 90: 50 + 40 = 90 is not past it (one block), 90 + 100 is; a run of
+    # small tensors (30 + 30 + 30) fills a block to the target, and the next one (20) opens another
+    sizes = {"a": 50, "b": 40, "c": 100, "d": 30, "e": 30, "f": 30, "g": 20}
+    sizes |= {name: 100 for name in "hijklmn"}
     blocks = group_blocks({name: torch.zeros(n) for name, n in sizes.items()})
-    assert [b.names for b in blocks] == [("a", "b"), ("c",), ("d", "e"), ("f",), ("g",), ("h",), ("i",)]
-    assert [b.size for b in blocks] == [90, 100, 90, 100, 100, 100, 100]
+    assert [b.names for b in blocks] == [("a", "b"), ("c",), ("d", "e", "f"), ("g",)] + [
+        (n,) for n in "hijklmn"
+    ]
+    assert [b.size for b in blocks] == [90, 100, 90, 20] + [100] * 7
 
 
 def test_allocation_below_unit_norms_and_another_minimum():
@@ -476,6 +480,11 @@ def test_the_history_travels_in_compact_dtypes_from_each_clients_round_and_the_c
     assert np.array_equal(whole.arrays["coords"], np.concatenate([u.arrays["coords"] for u in sent]))
     assert tail.arrays["counts"].tolist() == [sent[1].arrays["counts"].tolist()]
     assert np.array_equal(tail.arrays["coords"], sent[1].arrays["coords"])
+    history = (state.history_rounds, state.history_owners, state.history_counts, state.history_coords)
+    assert [t.dtype for t in history] == [torch.int64, torch.int64, torch.int32, torch.float32]
+    ctx = ClientContext(1, 3, whole, None, 10, algorithm.streams, None, None)
+    work = algorithm.client_begin(ctx)  # client 1 replays rounds 1 and 2 onto w_0
+    assert work.consts == {} and all(torch.equal(work.params[k], state.params[k]) for k in state.params)
 
 
 def test_a_ferret_client_needs_the_servers_start_and_a_copy_that_matches_the_history():
