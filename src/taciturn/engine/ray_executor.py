@@ -1,13 +1,20 @@
 """The Ray executor: a round's clients spread over long-lived actors on a Ray cluster.
 
 It keeps the parallel executor's contract (engine/parallel.py), so an algorithm cannot tell them
-apart: one actor per worker slot, started at the first round and kept for the run; each round every
-actor trains a share of the clients (balanced by data size, ``parallel.balance``) with the same
-client pipeline as the sequential executor and reduces in place with ``algorithm.accumulate``; the
-driver merges one partial per actor with ``combine``. What Ray moves:
+apart: one actor per worker slot, kept for the run; each round every actor trains a share of the
+clients (balanced by data size, ``parallel.balance``) with the same client pipeline as the
+sequential executor and reduces in place with ``algorithm.accumulate``; the driver merges one
+partial per actor with ``combine``.
 
-* the client pipeline (data, task, algorithm), once, through the object store: every actor reads
-  it when it starts, so client data reaches a node once per run, not once per round;
+Start-up is Ray's fixed cost (its processes, then each actor's ``import torch``), so it is
+overlapped with the driver's own: the actors (``RayWorkers``) are created as soon as Ray is up,
+before the driver loads the data, and a Ray started here has its prestarted worker processes
+import this module while ``ray.init`` still waits for its other processes (``connect``). The
+client pipeline reaches the actors at the first round, so they get what init_server told the
+algorithm (as the parallel executor forks then). What Ray moves:
+
+* the client pipeline (data, task, algorithm), once, through the object store at the first round,
+  so client data reaches a node once per run, not once per round;
 * each distinct downlink message (the broadcast), encoded once and put into the object store once
   per round, whatever the number of actors or clients;
 * per actor per round, one JSON header and codec blobs back (engine/wire.py): no update is pickled.
@@ -30,9 +37,11 @@ up to floating-point rounding (tests/test_ray_executor.py states the tolerance).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import traceback
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -44,6 +53,7 @@ from taciturn.core.codec import decode, encode
 from taciturn.core.ledger import Direction, Ledger
 from taciturn.core.message import Message
 from taciturn.core.state_store import MemoryStateStore, decode_states, encode_states
+from taciturn.data.datasets import ArrayDataset
 from taciturn.engine.executor import Executor, LoopTrainer
 from taciturn.engine.parallel import WorkerFailed, balance
 from taciturn.engine.pipeline import ClientPipeline, RoundPart, merge
@@ -53,57 +63,45 @@ from taciturn.engine.wire import decode_part, decode_spec, encode_part, encode_s
 log = logging.getLogger(__name__)
 
 
+# Ray's experimental RAY_preload_python_modules (ray-project/ray#33572): the Python workers a raylet
+# prestarts (one per CPU, when it starts) import these modules before taking work, so the actors
+# that then take those processes skip the import. It only imports; a worker that cannot import it
+# logs that, and the actor imports the module when it is created, as without it.
+PRELOAD = {"RAY_preload_python_modules": __name__}
+
+
 def connect(address: str | None) -> bool:
     """Join the cluster at ``address`` ("auto": the one on this machine), or start a local Ray when
     None; a process already connected keeps its connection. True when this call connected."""
     if ray.is_initialized():
         return False
-    ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+    saved = {name: os.environ.get(name) for name in PRELOAD}
+    if address is None:  # the raylet started here inherits this process's environment
+        os.environ.update(PRELOAD)
+    try:
+        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return True
 
 
-class RayExecutor(Executor):
-    name = "ray"
+class RayWorkers:
+    """The run's worker actors, created as soon as Ray is up (engine_setup.start_ray, before the
+    data is loaded): each takes a worker process and imports torch and taciturn there while the
+    driver loads the data, builds the model and evaluates round 0. ``count`` 0: as many as the
+    cluster's CPUs (and GPUs) allow. ``connected``: this run joined Ray, so closing leaves it."""
 
-    def __init__(
-        self,
-        pipeline: ClientPipeline,
-        workers: int,
-        cpus_per_worker: float = 1.0,
-        gpus_per_worker: float = 0.0,
-        disconnect: bool = False,
-    ):
-        """``workers`` 0: as many as the cluster's CPUs (and GPUs) allow; ``disconnect``: leave Ray
-        when closing (this run connected to it)."""
-        super().__init__(pipeline)
-        if pipeline.algorithm.keeps_client_state and not isinstance(pipeline.store, RayStateStore):
-            raise ValueError(
-                f"{pipeline.algorithm.name} keeps client state, which Ray actors reach through a "
-                "RayStateStore (engine/ray_state.py)"
-            )
-        self.workers = workers
-        self.cpus, self.gpus = cpus_per_worker, gpus_per_worker
-        self.disconnect = disconnect
-        self._actors: list[Any] = []
-        self.nodes: list[str] = []  # the node id each live actor runs on
-
-    def _start(self) -> None:
-        """At the first round, so the actors get what init_server told the algorithm (as the parallel
-        executor forks then)."""
-        workers = self.workers or self._slots()
-        shipped = copy.copy(self.pipeline)  # every actor gets its own channel and a staging store
-        shipped.store = MemoryStateStore()
-        drop = self.pipeline.channel.drop
-        shipped.channel = Channel(Ledger(), self.pipeline.streams, drop[Direction.UP], drop[Direction.DOWN])
-        keeper = self.pipeline.store.keeper if isinstance(self.pipeline.store, RayStateStore) else None
-        setup = ray.put(shipped)
-        threads = max(1, int(self.cpus))
-        self._actors = [
-            Worker.options(num_cpus=self.cpus, num_gpus=self.gpus).remote(setup, keeper, threads)
-            for _ in range(workers)
+    def __init__(self, count: int, cpus: float, gpus: float, connected: bool):
+        self.cpus, self.gpus, self.connected = cpus, gpus, connected
+        threads = max(1, int(cpus))
+        self.actors = [
+            Worker.options(num_cpus=cpus, num_gpus=gpus).remote(threads)
+            for _ in range(count or self._slots())
         ]
-        self.nodes = ray.get([actor.node.remote() for actor in self._actors])
-        log.info("ray: %d workers on %d nodes", workers, len(set(self.nodes)))
 
     def _slots(self) -> int:
         resources = ray.cluster_resources()
@@ -118,9 +116,49 @@ class RayExecutor(Executor):
             )
         return slots
 
+    def close(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []
+        if self.connected and ray.is_initialized():
+            ray.shutdown()
+
+
+class RayExecutor(Executor):
+    name = "ray"
+
+    def __init__(self, pipeline: ClientPipeline, workers: RayWorkers):
+        super().__init__(pipeline)
+        if pipeline.algorithm.keeps_client_state and not isinstance(pipeline.store, RayStateStore):
+            raise ValueError(
+                f"{pipeline.algorithm.name} keeps client state, which Ray actors reach through a "
+                "RayStateStore (engine/ray_state.py)"
+            )
+        self.workers = workers
+        self._actors: list[Any] = list(workers.actors)  # the live ones
+        self.nodes: list[str] = []  # the node id each live actor runs on, from the first round
+        self._shipped = False
+
+    def _ship(self) -> None:
+        """At the first round, so the actors get what init_server told the algorithm (as the parallel
+        executor forks then)."""
+        shipped = copy.copy(self.pipeline)  # every actor gets its own channel and a staging store
+        shipped.store = MemoryStateStore()
+        drop = self.pipeline.channel.drop
+        shipped.channel = Channel(Ledger(), self.pipeline.streams, drop[Direction.UP], drop[Direction.DOWN])
+        keeper = self.pipeline.store.keeper if isinstance(self.pipeline.store, RayStateStore) else None
+        ray.util.register_serializer(ArrayDataset, serializer=_shared, deserializer=_from_shared)
+        try:
+            setup = ray.put(shipped)
+        finally:
+            ray.util.deregister_serializer(ArrayDataset)
+        self.nodes = ray.get([actor.setup.remote(setup, keeper) for actor in self._actors])
+        self._shipped = True
+        log.info("ray: %d workers on %d nodes", len(self._actors), len(set(self.nodes)))
+
     def serve(self, round, clients, downlink, spec) -> RoundPart:
-        if not self._actors:
-            self._start()
+        if not self._shipped:
+            self._ship()
         distinct: list[Message] = []  # a broadcast is one Message object: put once per round
         position: dict[int, int] = {}  # id of a message -> its place in distinct
         which: dict[int, int | None] = {}
@@ -197,24 +235,25 @@ class RayExecutor(Executor):
             ask(self.pipeline.store.keeper.commit.remote(round, list(accepted)))
 
     def close(self) -> None:
-        for actor in self._actors:
-            ray.kill(actor)
         self._actors, self.nodes = [], []
         if isinstance(self.pipeline.store, RayStateStore):
             self.pipeline.store.close()
-        if self.disconnect and ray.is_initialized():
-            ray.shutdown()
+        self.workers.close()
 
 
 @ray.remote(max_restarts=0)
 class Worker:
     """One worker slot: serves a share of each round's clients until the run ends."""
 
-    def __init__(self, pipeline: ClientPipeline, keeper: Any, threads: int):
+    def __init__(self, threads: int):
         torch.set_num_threads(threads)
         logging.getLogger("taciturn").handlers.clear()  # the driver owns the run log
-        self.pipeline, self.keeper = pipeline, keeper
         self.trainer = LoopTrainer()
+
+    def setup(self, pipeline: ClientPipeline, keeper: Any) -> str:
+        """The run's client pipeline (at the first round); returns this actor's node id."""
+        self.pipeline, self.keeper = pipeline, keeper
+        return self.node()
 
     def node(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -241,6 +280,24 @@ class Worker:
             return {"lost": str(lost)}, []
         except Exception:
             return {"error": f"ray worker {os.getpid()} on node {self.node()}: {traceback.format_exc()}"}, []
+
+
+def _shared(dataset: ArrayDataset) -> tuple[dict[str, Any], list[str]]:
+    """How the training data goes into the object store (registered only while the pipeline is put):
+    its CPU tensors as numpy arrays, which Ray gives every actor of a node zero-copy from the one
+    shared copy ("Numpy arrays in the object store are shared between workers on the same node",
+    Ray's serialization docs) instead of one unpickled copy per actor. Actors only read the data
+    (a batch is a gather, data/federated.py)."""
+    fields = {f.name: getattr(dataset, f.name) for f in dataclasses.fields(dataset)}
+    tensors = [k for k, v in fields.items() if isinstance(v, torch.Tensor) and v.device.type == "cpu"]
+    return {k: fields[k].numpy() if k in tensors else v for k, v in fields.items()}, tensors
+
+
+def _from_shared(shared: tuple[dict[str, Any], list[str]]) -> ArrayDataset:
+    fields, tensors = shared
+    with warnings.catch_warnings():  # read-only by design: the object store's shared memory
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return ArrayDataset(**{k: torch.from_numpy(v) if k in tensors else v for k, v in fields.items()})
 
 
 class _Staging(MemoryStateStore):

@@ -33,7 +33,8 @@ from taciturn.server.clipping import NormBound
 from taciturn.server.transform import Chain
 from taciturn.tasks.base import ClientData, Task
 
-if TYPE_CHECKING:  # the protocol needs the optional extra 'secagg'
+if TYPE_CHECKING:  # the optional extras 'secagg' and 'ray'
+    from taciturn.engine.ray_executor import RayWorkers
     from taciturn.secagg.protocol import SecureSum
 
 DISK_STORE_CLIENTS = 1000  # with more stateful clients than this, "auto" keeps their state on disk
@@ -132,8 +133,10 @@ def build_federation(
     out: Path,
     remote: ExecutorFactory | None = None,
     noise_multiplier: float | None = None,
+    ray_workers: RayWorkers | None = None,
 ) -> tuple[Federation, ClientStateStore, str]:
-    """``noise_multiplier``: z of client-level DP, solved before work when [privacy] is on."""
+    """``noise_multiplier``: z of client-level DP, solved before work when [privacy] is on;
+    ``ray_workers``: the actors ``start_ray`` started, for engine.executor = "ray"."""
     if config.engine.threads:
         torch.set_num_threads(config.engine.threads)
     picked = None if remote is not None else choose_executor(config, algorithm, task, data)
@@ -147,7 +150,6 @@ def build_federation(
         attackers = pick_attackers(config.attack.fraction, data.num_clients, streams)
         poisoning = ModelPoisoning(config.attack, attackers, streams)
     # a deployed run's clients keep their state on their own nodes (deploy/node_state.py)
-    connected = picked is not None and picked.executor == "ray" and _connect_ray(config.engine.ray_address)
     store = (
         MemoryStateStore()
         if picked is None
@@ -172,9 +174,9 @@ def build_federation(
         executor = remote(pipeline)
         note = f"executor: {executor.name} (deployed); client state: on each node's disk"
     else:
-        executor = build_executor(picked.executor, picked.workers, pipeline, config, connected)
+        executor = build_executor(picked.executor, picked.workers, pipeline, ray_workers)
         if picked.challenger is not None:
-            challenger = build_executor(picked.challenger, picked.workers, pipeline, config)
+            challenger = build_executor(picked.challenger, picked.workers, pipeline)
             executor = TrialExecutor(executor, challenger, _work(config, data))
         named = f"{picked.executor} or {picked.challenger}" if picked.challenger else picked.executor
         workers = f" with {picked.workers} workers" if picked.workers else ""
@@ -219,9 +221,8 @@ def server_chain(config: RunConfig, data: ClientData, noise_multiplier: float | 
 
 
 def build_executor(
-    name: str, workers: int, pipeline: ClientPipeline, config: RunConfig, connected: bool = False
+    name: str, workers: int, pipeline: ClientPipeline, ray_workers: RayWorkers | None = None
 ) -> Executor:
-    """``connected``: this run joined Ray, so its executor leaves it when closing."""
     if name.startswith("parallel"):
         try:
             return ParallelExecutor(pipeline, workers, vectorized=name.endswith("vectorized"))
@@ -230,10 +231,8 @@ def build_executor(
     if name == "ray":
         from taciturn.engine.ray_executor import RayExecutor
 
-        engine = config.engine
-        return RayExecutor(
-            pipeline, workers, engine.ray_cpus_per_worker, engine.ray_gpus_per_worker, connected
-        )
+        assert ray_workers is not None, "start_ray starts the actors of a Ray run"
+        return RayExecutor(pipeline, ray_workers)
     if name == "vectorized":
         return VectorizedExecutor(pipeline)
     return SequentialExecutor(pipeline)
@@ -248,15 +247,29 @@ def _work(config: RunConfig, data: ClientData):
     return lambda clients: float(local.epochs * sum(data.client_size(c) for c in clients))
 
 
-def _connect_ray(address: str | None) -> bool:
-    """Join (or start) Ray before the client-state keeper is placed; True when this run connected."""
+def start_ray(config: RunConfig, remote: ExecutorFactory | None = None) -> RayWorkers | None:
+    """For engine.executor = "ray" (not deployed): join or start Ray and create the worker actors
+    now, before the data is loaded, so that their start-up (each imports torch) overlaps this
+    process's data loading, model set-up and round-0 evaluation; the client pipeline reaches them
+    at the first round (engine/ray_executor.py). None for any other executor."""
+    if remote is not None or config.engine.executor != "ray":
+        return None
     if importlib.util.find_spec("ray") is None:
         raise ConfigError(
             "engine.executor = 'ray' needs Ray, which is not installed: pip install 'taciturn[ray]'"
         )
-    from taciturn.engine.ray_executor import connect
+    from taciturn.engine.ray_executor import RayWorkers, connect
 
+    engine, address = config.engine, config.engine.ray_address
     try:
-        return connect(address)
+        connected = connect(address)
     except ConnectionError as error:
         raise ConfigError(f"[engine] cannot reach the Ray cluster at {address!r}: {error}") from None
+    try:
+        return RayWorkers(engine.workers, engine.ray_cpus_per_worker, engine.ray_gpus_per_worker, connected)
+    except BaseException:
+        if connected:
+            import ray
+
+            ray.shutdown()
+        raise

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +35,7 @@ from taciturn.engine.analysis import Analysis, TwinState
 from taciturn.engine.federation import Federation, RoundReport
 from taciturn.experiments import checkpoint, memory
 from taciturn.experiments.config import ConfigError, RunConfig, load_config, to_toml
-from taciturn.experiments.engine_setup import ExecutorFactory, build_federation
+from taciturn.experiments.engine_setup import ExecutorFactory, build_federation, start_ray
 from taciturn.experiments.export import model_record
 from taciturn.experiments.local_eval import local_scores
 from taciturn.experiments.progress import RoundProgress
@@ -56,6 +56,9 @@ from taciturn.tasks.base import ClientData, Task
 from taciturn.tasks.classification import ClassificationTask
 from taciturn.tasks.custom import CustomTask
 from taciturn.tasks.models import build_model
+
+if TYPE_CHECKING:  # the optional extra 'ray'
+    from taciturn.engine.ray_executor import RayWorkers
 
 log = logging.getLogger("taciturn")
 
@@ -246,6 +249,23 @@ def prepare(
     objects: UserObjects | None = None,
     remote: ExecutorFactory | None = None,
 ) -> Experiment:
+    ray_workers = start_ray(config, remote)  # first: Ray's start-up overlaps the data loading
+    try:
+        return _prepare(config, out, ledger, objects, remote, ray_workers)
+    except BaseException:
+        if ray_workers is not None:
+            ray_workers.close()
+        raise
+
+
+def _prepare(
+    config: RunConfig,
+    out: Path,
+    ledger: Ledger | None,
+    objects: UserObjects | None,
+    remote: ExecutorFactory | None,
+    ray_workers: RayWorkers | None,
+) -> Experiment:
     streams = Streams(config.seed)
     task, data = build_task(config, streams, objects)
     if config.attack.active and config.attack.kind == "label_flip":
@@ -275,6 +295,7 @@ def prepare(
         out,
         remote,
         noise_multiplier=accountant and accountant.noise_multiplier,
+        ray_workers=ray_workers,
     )
     analysis = (
         Analysis(config.analysis, task.model, task, data, algorithm, streams)
