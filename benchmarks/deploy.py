@@ -108,20 +108,15 @@ def killed_node_caught_up(federation: Federation) -> bool:
         NODES, 2, lambda: federation.submit(config, round_timeout=ROUND_TIMEOUT_S)
     )
     federation.finish(run, BOOT_S * 3)
-    kept = [
-        held[n]
-        for n in (f"client-{client}.round-1.staged.safetensors", f"client-{client}.safetensors")
-        if n in held
-    ]
+    round_1 = f"client-{client}.round-1.safetensors"  # its state after round 1 (node_state.py)
+    round_3 = f"client-{client}.round-3.safetensors"
     delivered = [r["delivered_up"] for r in run.read_metrics()]
     dropped_then_back = [b - a for a, b in itertools.pairwise(delivered)] == [NODES, NODES - 1, NODES]
-    committed = folder / f"client-{client}.safetensors"
     return (
         dropped_then_back
-        and len(kept) == 1
-        and committed.exists()
-        and committed.read_bytes() == kept[0]
-        and (folder / f"client-{client}.round-3.staged.safetensors").exists()
+        and round_1 in held
+        and sorted(p.name for p in folder.glob("*.safetensors")) == [round_1, round_3]
+        and (folder / round_1).read_bytes() == held[round_1]
     )
 
 

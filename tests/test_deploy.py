@@ -1,6 +1,7 @@
 """Deployed rounds (taciturn.deploy) against the simulation: same numbers, same payload bytes."""
 
 import csv
+import dataclasses
 import itertools
 from pathlib import Path
 
@@ -12,12 +13,13 @@ pytest.importorskip("flwr")
 from taciturn.core.ledger import PAYLOAD
 from taciturn.core.rng import SERVER, Streams
 from taciturn.deploy import protocol
-from taciturn.deploy.inprocess import InProcessGrid
+from taciturn.deploy.inprocess import InProcessGrid, ServerStopped
 from taciturn.deploy.node_state import NodeStateStore
 from taciturn.deploy.server_app import run_deployed
-from taciturn.deploy.settings import DeployError, NodeSettings, ServerSettings
-from taciturn.experiments.runner import start
-from taciturn.report.rundir import RunDir
+from taciturn.deploy.settings import DeployError, NodeSettings, ServerSettings, run_folder
+from taciturn.experiments.config import to_toml
+from taciturn.experiments.runner import resume, start
+from taciturn.report.rundir import RunDir, RunDirError
 from tests.conftest import tiny_config
 
 HOSTS = [[0, 1, 2], [3, 4, 5], [6, 7]]  # three nodes, eight clients
@@ -111,17 +113,33 @@ def test_a_lost_reply_is_a_dropped_uplink(tmp_path, algorithm):
         assert down[key]["messages_delivered"] == "0"
 
 
-def test_node_state_commits_only_the_accepted_round(tmp_path):
+def versions(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("client-"))
+
+
+def read(folder: Path, client: int, round: int) -> bytes:
+    return (folder / f"client-{client}.round-{round}.safetensors").read_bytes()
+
+
+def test_node_state_is_the_version_the_server_names(tmp_path):
     store = NodeStateStore(tmp_path)
     (tmp_path / "notes.txt").write_text("not ours")
-    store.put(3, {"c": torch.zeros(2)})
-    store.stage(3, 4, {"c": torch.ones(2)})
-    store.settle(3, accepted=2)  # round 4's uplink was lost or rejected
-    assert torch.equal(store.get(3)["c"], torch.zeros(2))
-    store.stage(3, 5, {"c": torch.full((2,), 5.0)})
-    store.settle(3, accepted=5)
-    assert torch.equal(NodeStateStore(tmp_path).get(3)["c"], torch.full((2,), 5.0))  # survives a restart
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["client-3.safetensors", "notes.txt"]
+    for round in (2, 4, 5):
+        store.save(3, round, {"c": torch.full((2,), float(round))})
+    store.save(1, 4, {"c": torch.ones(2)})
+    store = NodeStateStore(tmp_path)  # a restarted node finds them
+    # round 4's uplink was lost or rejected, round 5 is run again by a resumed server: round 2 is in
+    # effect, and round 4's version is what the server's last checkpoint names
+    state = store.settle(3, accepted=2, kept=4)
+    assert torch.equal(state["c"], torch.full((2,), 2.0))
+    assert versions(tmp_path) == [
+        "client-1.round-4.safetensors",  # another client's, untouched
+        "client-3.round-2.safetensors",
+        "client-3.round-4.safetensors",
+    ]
+    assert store.settle(3, accepted=0, kept=0) is None  # none named: a fresh client
+    assert versions(tmp_path) == ["client-1.round-4.safetensors"]
+    assert (tmp_path / "notes.txt").exists()
 
 
 def test_bad_settings_fail_clearly():
@@ -191,17 +209,17 @@ def test_a_node_down_for_two_rounds_catches_up_with_its_persisted_state(tmp_path
     back = {r.client: (node, r.accepted) for node, r in trains if r.round == 4 and r.client in (3, 4, 5)}
     assert back == {3: (102, 1), 4: (102, 1), 5: (102, 1)}  # the new node, told round 1 was accepted
 
-    # the state it trained round 4 from is exactly what it committed from round 1, as a node that
-    # never went down commits it one round later
+    # it trained round 4 from its round-1 state, and that is the state a node that never went
+    # down has after round 1
     steady = tiny_config(rounds=2, algorithm=scaffold)
     run_deployed(
         InProcessGrid(steady, HOSTS, tmp_path / "steady"), ServerSettings(steady, tmp_path / "s", False, 5.0)
     )
+    restarted = tmp_path / "nodes" / "node2" / run_folder(grid.run_config)
+    never_down = tmp_path / "steady" / "node2" / run_folder({"taciturn-config": to_toml(steady)})
+    assert versions(restarted) == [f"client-{c}.round-{r}.safetensors" for c in (3, 4, 5) for r in (1, 4)]
     for client in (3, 4, 5):
-        restarted = NodeStateStore(tmp_path / "nodes" / "node2" / "run-1").get(client)
-        never_down = NodeStateStore(tmp_path / "steady" / "node2" / "run-1").get(client)
-        assert restarted.keys() == never_down.keys()
-        assert all(torch.equal(restarted[k], never_down[k]) for k in restarted)
+        assert read(restarted, client, 1) == read(never_down, client, 1)
 
 
 def test_report_and_compare_read_a_deployed_run_like_a_simulated_one(tmp_path):
@@ -256,3 +274,37 @@ def test_each_node_reads_the_data_files_at_its_own_paths(tmp_path):
     deployed = run_deployed(grid, ServerSettings(config, tmp_path / "deployed", False, 5.0))
     assert rows(deployed) == rows(simulated)
     assert all(Path(p + ".read").exists() for p in paths.values())  # the server its copy, each node its own
+
+
+@pytest.mark.parametrize("algorithm", ["scaffold", "event_admm"])
+def test_a_resumed_server_loses_nothing(tmp_path, algorithm):
+    """The server dies in round 4 (checkpoint every 2: after round 2), after the nodes served round
+    4's requests; resumed, it runs rounds 3-5 again. SCAFFOLD's c_i and event ADMM's duals and
+    trigger memory (it has silent clients) make any client state lost or taken twice visible: the
+    metrics, ledger and every node's files equal those of an uninterrupted run, and the metrics the
+    simulation's."""
+    config = tiny_config(rounds=5, algorithm=ALGORITHMS[algorithm])
+    settings = ServerSettings(config, tmp_path / "resumed", False, 5.0)
+    with pytest.raises(ServerStopped):
+        run_deployed(InProcessGrid(config, HOSTS, tmp_path / "nodes", stop_in=4), settings)
+    assert [row["round"] for row in rows(RunDir(settings.out))] == [0, 1, 2, 3]
+    folder = run_folder({"taciturn-config": to_toml(config)})
+    served = [name for node in (1, 2, 3) for name in versions(tmp_path / "nodes" / f"node{node}" / folder)]
+    assert any(".round-4." in name for name in served)  # what the resumed server must not take
+    with pytest.raises(RunDirError, match="deployed run"):
+        resume(settings.out, progress=False)  # not as a simulation
+    grid = InProcessGrid(config, HOSTS, tmp_path / "nodes")
+    resumed = run_deployed(grid, dataclasses.replace(settings, resume=True))
+    trains = [protocol.read_request(m.content) for m in grid.requests if m.metadata.message_type == "train"]
+    assert trains[0].round == 3 and trains[0].kept > 0  # round 3 again, naming the checkpoint's states
+
+    steady = run_deployed(
+        InProcessGrid(config, HOSTS, tmp_path / "steady"), ServerSettings(config, tmp_path / "s", False, 5.0)
+    )
+    simulated = start(config, tmp_path / "simulated", progress=False)
+    assert rows(resumed) == rows(steady) == rows(simulated)
+    assert ledger(resumed) == ledger(steady)
+    for node in ("node1", "node2", "node3"):
+        a, b = tmp_path / "nodes" / node / folder, tmp_path / "steady" / node / folder
+        assert versions(a) == versions(b)
+        assert all((a / name).read_bytes() == (b / name).read_bytes() for name in versions(a))

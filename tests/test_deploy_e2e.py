@@ -83,21 +83,22 @@ def test_a_killed_node_is_dropped_and_catches_up_with_its_persisted_state(federa
     """SCAFFOLD: node 3 (client 2) is stopped when its round-2 request arrives and restarted at once."""
     cfg = config("e2e-kill", "scaffold")
     deployed, folder, held = federation.kill_and_restart(3, 2, lambda: submit(federation, cfg))
-    # what it persisted from round 1: staged, or committed if it had read round 2's request
-    (round_1_state,) = [
-        held[n] for n in ("client-2.round-1.staged.safetensors", "client-2.safetensors") if n in held
-    ]
+    round_1_state = held["client-2.round-1.safetensors"]  # what it persisted from round 1
     finish(federation, deployed)
 
     delivered = [r["delivered_up"] for r in deployed.read_metrics()]
     assert [b - a for a, b in itertools.pairwise(delivered)] == [3, 2, 3]  # dropped in round 2, back in 3
-    # round 3's request acknowledged round 1: the node committed that state and trained from it
-    assert (folder / "client-2.safetensors").read_bytes() == round_1_state
-    assert (folder / "client-2.round-3.staged.safetensors").exists()
+    # round 3's request named round 1 (accepted, and in effect at the round-2 checkpoint): the node
+    # trained from that state, unchanged, and dropped whatever it made of round 2
+    assert (folder / "client-2.round-1.safetensors").read_bytes() == round_1_state
+    assert sorted(p.name for p in folder.glob("*.safetensors")) == [
+        "client-2.round-1.safetensors",
+        "client-2.round-3.safetensors",
+    ]
     never_down = federation.state_dir(1) / folder.name
     assert sorted(p.name for p in never_down.iterdir()) == [
-        "client-0.round-3.staged.safetensors",
-        "client-0.safetensors",
+        "client-0.round-2.safetensors",
+        "client-0.round-3.safetensors",
     ]
 
 

@@ -37,6 +37,7 @@ clientapp = "taciturn.deploy.client_app:{clientapp}"
 taciturn-config = {config}
 out = {out}
 overwrite = {overwrite}
+resume = false
 round-timeout = {timeout}
 min-nodes = {min_nodes}
 """

@@ -1,8 +1,8 @@
 """The ClientApp each SuperNode runs: one client's round, on the node's own data and state.
 
-A train request names the round, the client (one the node hosts), the server's acknowledgement
-and the downlink payload. The node settles the client's staged state (node_state.py), runs the
-algorithm's ``client_begin`` / local training (engine/local_training.py, the sequential
+A train request names the round, the client (one the node hosts), the server's acknowledgements
+and the downlink payload. The node takes the client's state the server names (node_state.py), runs
+the algorithm's ``client_begin`` / local training (engine/local_training.py, the sequential
 executor's trainer) / ``client_end`` exactly as the simulation does, and replies with the uplink
 payload, or an empty one when the client stays silent. Data: the node builds the run's task from
 the same config and seed as the server, reading the files where its node config says
@@ -27,7 +27,7 @@ from taciturn.core.message import Message as TaciturnMessage
 from taciturn.core.rng import Streams
 from taciturn.deploy import protocol
 from taciturn.deploy.node_state import NodeStateStore
-from taciturn.deploy.settings import DeployError, NodeSettings, run_config_of
+from taciturn.deploy.settings import DeployError, NodeSettings, run_config_of, run_folder
 from taciturn.engine.local_training import train_locally
 from taciturn.engine.trust import TrustedWeights
 from taciturn.tasks.base import ClientData
@@ -65,12 +65,12 @@ def serve_client(
 ) -> TaciturnMessage | None:
     """One client's round on this node; its uplink (None: the client stays silent)."""
     algorithm, client = setup.algorithm, request.client
-    store.settle(client, request.accepted)
+    state = store.settle(client, request.accepted, request.kept)
     ctx = ClientContext(
         client,
         request.round,
         protocol.message_of(request.payload),
-        store.get(client),
+        state,
         setup.data.client_size(client),
         setup.streams,
         setup.data,
@@ -85,12 +85,9 @@ def serve_client(
     else:
         output = begun
     assert isinstance(output, ClientOutput)
-    if output.uplink is None:
-        if output.state is not None:  # nothing sent, nothing to acknowledge
-            store.put(client, output.state)
-        return None
-    if output.state is not None:
-        store.stage(client, request.round, output.state)
+    after = state if output.state is None else output.state  # None: its state is unchanged
+    if after is not None:  # in effect once the server names this round (node_state.py)
+        store.save(client, request.round, after)
     return output.uplink
 
 
@@ -105,7 +102,7 @@ def serve_request(
     setup = node_setup(str(context.run_config["taciturn-config"]), node.data)
     if request.client >= setup.data.num_clients:
         raise DeployError(f"client {request.client} does not exist: the run has {setup.data.num_clients}")
-    store = NodeStateStore(node.state_dir / f"run-{context.run_id}")  # runs never share client state
+    store = NodeStateStore(node.state_dir / run_folder(context.run_config))  # runs never share state
     return request, serve_client(setup, store, request)
 
 

@@ -15,8 +15,11 @@ directory, metrics, ledger, checkpoints and report are experiments/runner.py's, 
   that carry a model), plus ``wire_bytes``: the serialized Flower messages, every one of them.
 * SecAgg+ ([secagg] on): the round runs Flower's SecAgg+ workflow instead (secagg.py): the server
   sees only the weighted mean of the nodes' updates; every message of its four stages is metered.
-* Acceptance: the server tells each client, with its next request, the last round whose uplink it
-  accepted; the node commits the state it staged then (node_state.py).
+* Acceptance: the server tells each client, with its next request, the last round whose reply it
+  took (an uplink it applied, or an empty reply: the client stayed silent); the node trains from
+  its state of that round (node_state.py). These acknowledgements are saved with each checkpoint,
+  so a resumed server names the states in effect then, and the run goes on exactly as it would
+  have without the interruption.
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 from flwr.app import Message as FlowerMessage
 from flwr.app import RecordDict
 from flwr.serverapp import Grid
@@ -44,6 +50,14 @@ from taciturn.secagg.config import SecAggConfig
 log = logging.getLogger(__name__)
 
 POLL_S = 0.05  # between pulls of replies (Flower's own send_and_receive sleeps 3 s)
+ACKNOWLEDGED = "acknowledged"  # the checkpoint file (experiments/checkpoint.py, extras)
+
+
+@dataclass
+class Acknowledged:
+    """For each client, the last round whose reply the server took (0: none), as a checkpoint keeps it."""
+
+    rounds: np.ndarray  # int64, one entry per client
 
 
 class GridExecutor(Executor):
@@ -64,7 +78,8 @@ class GridExecutor(Executor):
         self.secagg = secagg  # SecAgg+ through Flower's workflow (secagg.py), if on
         self.hosts: dict[int, int] = {}  # client -> node id
         self.nodes: set[int] = set()  # nodes that said which clients they host
-        self.accepted: dict[int, int] = {}  # client -> last round whose uplink the server accepted
+        self.accepted: dict[int, int] = {}  # client -> last round whose reply the server took
+        self.kept: dict[int, int] = {}  # the same at the last checkpoint
 
     # ----- which node hosts which client -----
     def online(self) -> set[int]:
@@ -128,9 +143,25 @@ class GridExecutor(Executor):
 
     def commit(self, round: int, accepted: Sequence[int]) -> None:
         """The commit protocol (engine/executor.py) across the network: remember the round of each
-        client's last applied uplink; its next request tells its node to commit what it staged then."""
+        client's last applied uplink; its next request tells its node to train from its state then."""
         for client in accepted:
             self.accepted[client] = round
+
+    def checkpoint_extras(self) -> dict[str, Any]:
+        rounds = np.zeros(self.pipeline.data.num_clients, np.int64)
+        for client, round in self.accepted.items():
+            rounds[client] = round
+        return {ACKNOWLEDGED: Acknowledged(rounds)}
+
+    def checkpointed(self, extras: Mapping[str, Any]) -> None:
+        saved = extras.get(ACKNOWLEDGED)  # None: a checkpoint written before acknowledgements were kept
+        self.kept = {} if saved is None else {c: int(r) for c, r in enumerate(saved.rounds) if r}
+        self.accepted = dict(self.kept)
+
+    def request(self, round: int, client: int, payload: bytes) -> protocol.TrainRequest:
+        return protocol.TrainRequest(
+            round, client, self.accepted.get(client, 0), self.kept.get(client, 0), payload
+        )
 
     # ----- a round -----
     def serve(
@@ -150,7 +181,7 @@ class GridExecutor(Executor):
             nodes = {c: self.hosts[c] for c in clients if c in self.hosts}
             return secure_round(
                 self.pipeline, self._exchange, self.secagg, self.round_timeout, round, nodes,
-                self.accepted, payloads, spec,
+                {c: self.request(round, c, payloads[c]) for c in nodes}, spec,
             )  # fmt: skip
         requests: dict[int, FlowerMessage] = {}
         for client in clients:
@@ -158,7 +189,7 @@ class GridExecutor(Executor):
             if node is None:
                 log.warning("round %d: no node hosts client %d; it is dropped", round, client)
                 continue
-            content = protocol.train_request(round, client, self.accepted.get(client, 0), payloads[client])
+            content = self.request(round, client, payloads[client]).content()
             request = FlowerMessage(
                 content, node, protocol.TRAIN, group_id=str(round), ttl=self.round_timeout
             )
@@ -196,7 +227,8 @@ class GridExecutor(Executor):
             except CodecError as error:
                 part.rejected.append((client, f"malformed reply: {error}"))
                 continue
-            if uplink is None:  # the client stayed silent
+            if uplink is None:  # the client stayed silent: its state takes effect (engine/pipeline.py)
+                self.accepted[client] = round
                 continue
             ledger.record(round, client, Direction.UP, len(answer.payload), delivered=True)
             self.pipeline.admit(part, arrivals, round, client, uplink, spec)

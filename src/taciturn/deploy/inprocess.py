@@ -5,7 +5,9 @@ processes, so the deployed round logic can be checked exactly against the simula
 milliseconds (tests/test_deploy.py) and the framing Flower adds to taciturn's payloads measured
 without a network (benchmarks/deploy.py). Not a transport: real runs go through a SuperLink. A reply
 can be lost on purpose (``lose``), as a network would lose it, and a node can be down for some
-rounds and come back under a new node id (``outages``), as a restarted SuperNode does.
+rounds and come back under a new node id (``outages``), as a restarted SuperNode does, and the
+server can be stopped in the middle of a round (``stop_in``: after the nodes served its requests,
+before any reply reached it), as a killed ServerApp is.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from taciturn.experiments.config import RunConfig, to_toml
 SERVER_NODE = 0
 
 
+class ServerStopped(Exception):
+    """The server process died (``stop_in``)."""
+
+
 class InProcessGrid(Grid):
     def __init__(
         self,
@@ -33,6 +39,7 @@ class InProcessGrid(Grid):
         lose=frozenset(),
         outages=None,
         node_data: dict[int, dict[str, str]] | None = None,
+        stop_in: int | None = None,
     ):
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SERVER_NODE, 1
         self.run_config = {"taciturn-config": to_toml(config)}
@@ -44,6 +51,7 @@ class InProcessGrid(Grid):
         self.lose = set(lose)  # (round, client) whose train reply never arrives
         self.outages = dict(outages or {})  # node -> (first, last) round it is down; then a new id
         self.round = 0  # the executor asks for the nodes once at the start of each round
+        self.stop_in = stop_in  # the round (counted from this grid's first) in which the server dies
         self.replies: dict[str, Message] = {}
         self.requests: list[Message] = []
         # each node's run state (the SecAgg+ mod keeps its keys there)
@@ -90,6 +98,8 @@ class InProcessGrid(Grid):
                 if (request.round, request.client) in self.lose:
                     continue
             self.replies[message.object_id] = reply
+        if self.round == self.stop_in:
+            raise ServerStopped(f"the server stopped in round {self.round}, its requests served")
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:

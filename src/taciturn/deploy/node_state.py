@@ -1,19 +1,22 @@
-"""A node's client state on its own disk, committed only when the server accepted the uplink.
+"""A node's client state on its own disk: one version per round, the server says which is in effect.
 
 DESIGN.md, "Acceptance": a client's new persistent state (SCAFFOLD's c_i, ADMM duals, trigger
 memory) takes effect only when the server has accepted the message that carries its consequence.
-A node cannot know that when it replies, so it *stages* the state with the round it belongs to;
-the server's next request to that client says which of its rounds the server last accepted
-(protocol.py ``accepted``), and ``settle`` commits the staged state of that round or drops it (the
-reply was lost, rejected, or never arrived because the node died). A client that sent nothing has
-nothing to wait for: its state is committed at once (engine/pipeline.py does the same in
-simulation).
+A node cannot know that when it replies, so it keeps the client's state after each round it served
+as a *version* of that round. The server names the version in effect with the client's next
+request (protocol.py ``accepted``: the last round whose reply it took, an uplink it applied or an
+empty one), so a lost, rejected or never-sent reply leaves the client's state as it was.
+
+The server also names ``kept``: the version in effect at its last checkpoint. A resumed server
+(``resume = true``, settings.py) starts again from that checkpoint and names that version, so the
+node keeps it, and every round the resumed server runs again overwrites the version it wrote the
+first time: a resumed run trains every client from exactly the state an uninterrupted one does.
+Every other version of the client is removed when a request arrives.
 
 Files (safetensors through the codec, written atomically: temporary file, fsync, rename):
-    client-<id>.safetensors                  the committed state
-    client-<id>.round-<r>.staged.safetensors state staged in round r
-The store only ever removes files of these names, so it can share a folder with anything else,
-and it survives a node restart: a restarted node carries on from its committed state.
+    client-<id>.round-<r>.safetensors   the client's state after round r
+The store only ever removes files of this name, so it can share a folder with anything else, and
+it survives a node restart: a restarted node carries on from the versions on its disk.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from taciturn.core.codec import decode, encode
 from taciturn.core.message import Message
 from taciturn.core.state_store import ClientState
 
-_STAGED = re.compile(r"client-(\d+)\.round-(\d+)\.staged\.safetensors")
+_VERSION = re.compile(r"client-(\d+)\.round-(\d+)\.safetensors")
 
 
 class NodeStateStore:
@@ -34,35 +37,27 @@ class NodeStateStore:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
 
-    def _committed(self, client: int) -> Path:
-        return self.folder / f"client-{client}.safetensors"
+    def _path(self, client: int, round: int) -> Path:
+        return self.folder / f"client-{client}.round-{round}.safetensors"
 
-    def _staged(self, client: int, round: int) -> Path:
-        return self.folder / f"client-{client}.round-{round}.staged.safetensors"
-
-    def get(self, client: int) -> ClientState | None:
-        path = self._committed(client)
-        if not path.exists():
+    def load(self, client: int, round: int) -> ClientState | None:
+        """The client's state after ``round`` (None: no state then, or round 0)."""
+        path = self._path(client, round)
+        if round == 0 or not path.exists():
             return None
         return {name: t.clone() for name, t in decode(path.read_bytes()).tensors().items()}
 
-    def put(self, client: int, state: ClientState) -> None:
-        """Commit at once (a client that sent nothing)."""
-        _write_atomically(self._committed(client), state)
+    def save(self, client: int, round: int, state: ClientState) -> None:
+        _write_atomically(self._path(client, round), state)
 
-    def stage(self, client: int, round: int, state: ClientState) -> None:
-        _write_atomically(self._staged(client, round), state)
-
-    def settle(self, client: int, accepted: int) -> None:
-        """Commit the state staged in round ``accepted``; drop every other staged state of ``client``."""
+    def settle(self, client: int, accepted: int, kept: int) -> ClientState | None:
+        """The state the client trains from (its version of round ``accepted``); every other
+        version of the client is removed, except that of round ``kept``."""
         for path in self.folder.iterdir():
-            match = _STAGED.fullmatch(path.name)
-            if match is None or int(match[1]) != client:
-                continue
-            if int(match[2]) == accepted:
-                os.replace(path, self._committed(client))
-            else:
+            match = _VERSION.fullmatch(path.name)
+            if match is not None and int(match[1]) == client and int(match[2]) not in (accepted, kept):
                 path.unlink()
+        return self.load(client, accepted)
 
 
 def _write_atomically(path: Path, state: ClientState) -> None:

@@ -2,7 +2,7 @@
 
 Every Flower message of a deployed run carries one ConfigRecord named ``taciturn``:
 
-    train request (server -> node):  round, client, accepted, payload
+    train request (server -> node):  round, client, accepted, kept, payload
     train reply   (node -> server):  round, client, payload
     query reply   (node -> server):  clients (the ids the node hosts)
 
@@ -10,9 +10,10 @@ Every Flower message of a deployed run carries one ConfigRecord named ``taciturn
 bytes for "no model": a downlink the algorithm left silent (event-based ADMM's unchanged z) or a
 silent uplink (an event trigger that did not fire). Flower carries bytes in a ConfigRecord as
 they are, so nothing on the wire is pickled and the payload is byte for byte what the simulation
-counts. ``accepted`` is the last round whose uplink from this client the server accepted (0:
-none), the acknowledgement that lets the node commit the client state it staged then
-(node_state.py; DESIGN.md, "Acceptance").
+counts. ``accepted`` is the last round whose reply from this client the server took (an uplink it
+applied, or an empty reply: the client stayed silent; 0: none), the acknowledgement that names the
+client state in effect on the node; ``kept`` is the same at the server's last checkpoint, the state
+a resumed server starts from (node_state.py; DESIGN.md, "Acceptance").
 
 Wire size: Flower 1.42 sends a message as a tree of objects (the Message with its metadata, its
 RecordDict, each record), each serialized on its own (``deflate``); the sum of their sizes is what
@@ -51,20 +52,25 @@ def message_of(payload: bytes) -> TaciturnMessage | None:
     return None if not payload else decode(payload)
 
 
-def request_fields(round: int, client: int, accepted: int, payload: bytes) -> dict:
-    return {"round": round, "client": client, "accepted": accepted, "payload": payload}
-
-
-def train_request(round: int, client: int, accepted: int, payload: bytes) -> RecordDict:
-    return RecordDict({RECORD: ConfigRecord(request_fields(round, client, accepted, payload))})
-
-
 @dataclass(frozen=True)
 class TrainRequest:
     round: int
     client: int
     accepted: int
+    kept: int
     payload: bytes
+
+    def fields(self) -> dict:
+        return {
+            "round": self.round,
+            "client": self.client,
+            "accepted": self.accepted,
+            "kept": self.kept,
+            "payload": self.payload,
+        }
+
+    def content(self) -> RecordDict:
+        return RecordDict({RECORD: ConfigRecord(self.fields())})
 
 
 @dataclass(frozen=True)
@@ -78,7 +84,7 @@ def read_request(content: RecordDict, name: str = RECORD) -> TrainRequest:
     """The train request in ``content``'s ConfigRecord ``name`` (FIT_CONFIG under SecAgg+)."""
     record = _record(content, name)
     return TrainRequest(
-        _int(record, "round"), _int(record, "client"), _int(record, "accepted"), _bytes(record, "payload")
+        *(_int(record, key) for key in ("round", "client", "accepted", "kept")), _bytes(record, "payload")
     )
 
 

@@ -171,8 +171,7 @@ def secure_round(
     timeout: float,
     round: int,
     nodes: Mapping[int, int],
-    accepted: Mapping[int, int],
-    payloads: Mapping[int, bytes],
+    requests: Mapping[int, protocol.TrainRequest],
     spec: Mapping[str, ArraySpec],
 ) -> RoundPart:
     """One round under SecAgg+ between the nodes ``nodes`` (client -> node) hosting the round's
@@ -185,14 +184,8 @@ def secure_round(
     shapes = [(1,), *(tuple(spec[n].shape) for n in names)]  # the mod puts the weight first
     client_of = {node: client for client, node in nodes.items()}
     grid = _MeteredGrid(exchange, ledger, round, client_of, shapes)
-    requests = {
-        node: FitIns(
-            Parameters([], ""),
-            protocol.request_fields(round, client, accepted.get(client, 0), payloads[client]),
-        )
-        for client, node in nodes.items()
-    }
-    strategy = _Round(grid, requests)
+    fitins = {node: FitIns(Parameters([], ""), requests[client].fields()) for client, node in nodes.items()}
+    strategy = _Round(grid, fitins)
     state = RecordDict()
     state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({WorkflowKey.CURRENT_ROUND: round})
     state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(Parameters([], ""), True)
@@ -203,7 +196,11 @@ def secure_round(
     for client in nodes:
         if client in grid.sent:
             ledger.record(
-                round, client, Direction.DOWN, len(payloads[client]), delivered=client in grid.masked
+                round,
+                client,
+                Direction.DOWN,
+                len(requests[client].payload),
+                delivered=client in grid.masked,
             )
         if client in grid.errors:
             part.failed.append((client, grid.errors[client]))

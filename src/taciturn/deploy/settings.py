@@ -4,6 +4,8 @@ Run config (``[tool.flwr.app.config]`` of the app folder, or ``flwr run --run-co
     taciturn-config   the taciturn run config, as TOML text (the nodes read the same text)
     out               the run directory the ServerApp writes (on the server's machine)
     overwrite         start afresh in ``out`` if it holds an earlier run (default false)
+    resume            continue the run in ``out`` from its last checkpoint (default false), e.g.
+                      after the server stopped: ``flwr run . --run-config resume=true``
     round-timeout     seconds the server waits for a round's replies; a client that has not
                       replied by then counts as dropped (default 120)
     min-nodes         at the start of each round the server waits (up to round-timeout) until
@@ -11,7 +13,7 @@ Run config (``[tool.flwr.app.config]`` of the app folder, or ``flwr run --run-co
 Node config (``flower-supernode --node-config``):
     clients           the client (partition) ids this node hosts, e.g. "0,1" or "3"
     state-dir         where the node keeps its clients' persistent state (survives restarts), one
-                      folder per Flower run in it (``run-<run id>``), so runs never share state
+                      folder per taciturn run in it (``run_folder``), so runs never share state
     data.<key>        where this node finds its data, replacing the run's ``[data] <key>``, e.g.
                       data.path="/srv/fmnist" or data.kwargs.path="/srv/site.npz" (a factory's
                       argument): each node reads its own copy of the run's dataset
@@ -69,6 +71,15 @@ def run_config_of(text: str, data: tuple[tuple[str, Any], ...] = ()) -> RunConfi
     return config
 
 
+def run_folder(run_config: Mapping[str, Any]) -> str:
+    """The folder of a node's state-dir that holds one run's client states: named after the run's
+    config and run directory, not Flower's run id, since a resumed run is a new Flower run."""
+    import hashlib
+
+    key = f"{run_config.get('taciturn-config', '')}\0{run_config.get('out', '')}"
+    return "run-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
 def checked_min_nodes(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise DeployError(f"min-nodes must be an integer >= 1, got {value!r}")
@@ -82,6 +93,7 @@ class ServerSettings:
     overwrite: bool
     round_timeout: float
     min_nodes: int = 1
+    resume: bool = False
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> ServerSettings:
@@ -90,12 +102,16 @@ class ServerSettings:
         if timeout <= 0:
             raise DeployError(f"round-timeout must be positive, got {timeout}")
         min_nodes = checked_min_nodes(run_config.get("min-nodes", 1))
+        overwrite, resume = bool(run_config.get("overwrite", False)), bool(run_config.get("resume", False))
+        if overwrite and resume:
+            raise DeployError("overwrite and resume are both true: start afresh, or continue; not both")
         return cls(
             run_config_of(str(_require(run_config, "taciturn-config", where))),
             Path(str(_require(run_config, "out", where))),
-            bool(run_config.get("overwrite", False)),
+            overwrite,
             timeout,
             min_nodes,
+            resume,
         )
 
 

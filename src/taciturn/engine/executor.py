@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from taciturn.algorithms.base import Algorithm, ArraySpec, ClientContext, LocalTraining, TrainResult
 from taciturn.core.message import Message
@@ -50,6 +51,16 @@ class Executor(ABC):
     def commit(self, round: int, accepted: Sequence[int]) -> None:
         """Store the staged state of ``accepted`` clients of ``round``; drop the rest (see above)."""
         self.pipeline.commit(round, accepted)
+
+    def checkpoint_extras(self) -> dict[str, Any]:
+        """State of its own a checkpoint must keep for a resume to go on exactly (runner.py), by
+        file name: none where the client states are in the run's store; a deployment's
+        acknowledgements (deploy/grid_executor.py). On resume these are the templates it is read with."""
+        return {}
+
+    def checkpointed(self, extras: Mapping[str, Any]) -> None:  # noqa: B027 (nothing kept, nothing to do)
+        """A checkpoint holding ``extras`` is on disk: just written, or read back by a resume (an
+        extra the checkpoint lacks is None)."""
 
     def close(self) -> None:  # noqa: B027 (in-process executors hold nothing to release)
         """Release workers or other resources."""

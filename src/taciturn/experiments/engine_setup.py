@@ -41,6 +41,7 @@ DISK_STORE_CLIENTS = 1000  # with more stateful clients than this, "auto" keeps 
 
 # Builds the executor for a run whose clients live elsewhere (taciturn.deploy: Flower's SuperNodes).
 ExecutorFactory = Callable[[ClientPipeline], Executor]
+DEPLOYED = "(deployed)"  # in the engine note of a run whose clients are on SuperNodes (runner.resume)
 
 
 def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: ClientData) -> choice.Choice:
@@ -172,7 +173,7 @@ def build_federation(
     )
     if picked is None:
         executor = remote(pipeline)
-        note = f"executor: {executor.name} (deployed); client state: on each node's disk"
+        note = f"executor: {executor.name} {DEPLOYED}; client state: on each node's disk"
     else:
         executor = build_executor(picked.executor, picked.workers, pipeline, ray_workers)
         if picked.challenger is not None:

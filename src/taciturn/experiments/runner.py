@@ -35,7 +35,7 @@ from taciturn.engine.analysis import Analysis, TwinState
 from taciturn.engine.federation import Federation, RoundReport
 from taciturn.experiments import checkpoint, memory
 from taciturn.experiments.config import ConfigError, RunConfig, load_config, to_toml
-from taciturn.experiments.engine_setup import ExecutorFactory, build_federation, start_ray
+from taciturn.experiments.engine_setup import DEPLOYED, ExecutorFactory, build_federation, start_ray
 from taciturn.experiments.export import model_record
 from taciturn.experiments.local_eval import local_scores
 from taciturn.experiments.progress import RoundProgress
@@ -49,7 +49,7 @@ from taciturn.experiments.user import (
     user_model,
 )
 from taciturn.report.divergence import divergence, row_line
-from taciturn.report.rundir import RunDir
+from taciturn.report.rundir import RunDir, RunDirError
 from taciturn.server.aggregation import ChainState
 from taciturn.tasks import squared_error
 from taciturn.tasks.base import ClientData, Task
@@ -397,21 +397,34 @@ def resume(
     progress: bool = True,
     callbacks: tuple[RoundCallback, ...] = (),
     objects: UserObjects | None = None,
+    remote: ExecutorFactory | None = None,
 ) -> RunDir:
-    """Continue a run from its last checkpoint; it ends with the numbers of an uninterrupted run."""
+    """Continue a run from its last checkpoint; it ends with the numbers of an uninterrupted run.
+    ``remote``: the executor of a deployed run (taciturn.deploy), as for ``start``."""
     rundir = RunDir(path).require()
     with rundir.lock():
         config = load_config(rundir.config)
+        if remote is None and _deployed(rundir):
+            raise RunDirError(
+                f"{path} is a deployed run: its clients are on SuperNodes; continue it with its app "
+                "folder: flwr run APP_DIR --run-config resume=true (docs/deploy.md)"
+            )
         latest = rundir.latest_checkpoint()
         if latest is None:
             log.info("no checkpoint in %s: starting it again from round 0", path)
             return start(
-                config, path, overwrite=True, progress=progress, callbacks=callbacks, objects=objects
+                config,
+                path,
+                overwrite=True,
+                progress=progress,
+                callbacks=callbacks,
+                objects=objects,
+                remote=remote,
             )
         round, folder = latest
         rundir.truncate_to(checkpoint.verify(folder))
         ledger = Ledger.from_csv(rundir.ledger, up_to_round=round)
-        exp = prepare(config, path, ledger=ledger, objects=objects)
+        exp = prepare(config, path, ledger=ledger, objects=objects, remote=remote)
         params = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))
         initial = exp.algorithm.init_server(params, exp.data.num_clients)
         state, counters = checkpoint.load(folder, initial, exp.store)
@@ -420,7 +433,22 @@ def resume(
         if exp.federation.aggregation is not None:
             chain = checkpoint.load_extra(folder, "server_chain", ChainState({}))
             exp.federation.aggregation.restore(chain)
+        executor = exp.federation.executor
+        executor.checkpointed(
+            {
+                name: checkpoint.load_extra(folder, name, template)
+                for name, template in executor.checkpoint_extras().items()
+            }
+        )
         return _loop(exp, state, counters, progress, callbacks)
+
+
+def _deployed(rundir: RunDir) -> bool:
+    """Whether the run's clients ran on SuperNodes (its engine note, engine_setup.py, written at start)."""
+    try:
+        return DEPLOYED in json.loads(rundir.info.read_text())["engine"]
+    except (OSError, ValueError, KeyError, AttributeError):
+        return False
 
 
 def _evaluate(
@@ -527,7 +555,11 @@ def _loop(
                     extras = {} if exp.analysis is None else exp.analysis.checkpoint_extras()
                     if exp.federation.aggregation is not None:
                         extras |= exp.federation.aggregation.checkpoint_extras()
-                    checkpoint.save(rundir.checkpoint_dir(round), state, exp.store, counters, extras, rundir)
+                    executor = exp.federation.executor.checkpoint_extras()
+                    checkpoint.save(
+                        rundir.checkpoint_dir(round), state, exp.store, counters, extras | executor, rundir
+                    )
+                    exp.federation.executor.checkpointed(executor)
                     rundir.prune_checkpoints(config.checkpoint.keep)
                 bar.update(round, row, exp.ledger)
                 for callback in callbacks:
