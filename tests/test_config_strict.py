@@ -79,6 +79,7 @@ def test_optional_numbers_and_numbers_in_optional_tuples_are_strict_and_text_fie
         sizes: tuple[Annotated[int, Field(ge=0)], ...] | None = None
         address: str | None = None
         held_out: int | tuple[str, ...] = 0
+        tags: tuple[str, ...] = ()
 
     for tree, message in (
         ({"count": "10"}, "count must be a number, not str '10'"),
@@ -92,4 +93,4 @@ def test_optional_numbers_and_numbers_in_optional_tuples_are_strict_and_text_fie
     options = Options(count=3, scale=1, sizes=[1, 2], address="auto", held_out=["a", "b"])
     assert (options.count, options.scale, options.sizes) == (3, 1.0, (1, 2))
     assert (options.address, options.held_out) == ("auto", ("a", "b"))
-    assert Options(held_out=4).held_out == 4
+    assert Options(held_out=4).held_out == 4 and Options(tags=["a", "b"]).tags == ("a", "b")

@@ -292,3 +292,18 @@ def test_over_relaxation_by_hand():
     assert out.state["u/w"].tolist() == [0.5, 0.0] and out.state["z_hat/w"].tolist() == [1.0, 0.0]
     assert out.uplink.arrays["w"].tolist() == [3.0, 6.0] and out.state["last/w"].tolist() == [3.0, 6.0]
     assert sorted(out.state) == ["last/w", "u/w", "x_hat/w", "z_hat/w"]
+
+
+def test_the_lucky_agents_are_floor_c_n_drawn_from_the_servers_stream_of_the_round():
+    from taciturn.core.rng import SERVER
+
+    algorithm = EventADMM(EventADMMConfig(lucky_fraction=0.29))
+    algorithm.use_streams(Streams(0))
+    state = algorithm.init_server({"w": torch.zeros(2)}, 100)
+    state.broadcast = False
+    clients = list(range(100))
+    assert len(algorithm.downlink(state, 2, clients)) == 29  # 0.29 * 100 = 28.999999999999996
+    algorithm.config.__dict__["lucky_fraction"] = 0.3
+    for round in (2, 3):
+        drawn = Streams(0).numpy(round, SERVER, "lucky").choice(clients, size=30, replace=False)
+        assert list(algorithm.downlink(state, round, clients)) == drawn.tolist()

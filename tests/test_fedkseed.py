@@ -207,6 +207,10 @@ def test_each_seed_is_a_fixed_gaussian_direction_drawn_tensor_by_tensor_from_its
     generator = Streams(5).torch(0, SERVER, "fedkseed-seed/6")  # round 0: the same for the whole run
     a, b = torch.randn(2, 3, generator=generator), torch.randn(4, generator=generator)
     assert torch.equal(params["a"], 0.5 * a) and torch.equal(params["b"], 0.5 * b)
+    unstarted = FedKSeed(FedKSeedConfig(seeds=8))
+    unstarted.use_streams(Streams(0))
+    with pytest.raises(AssertionError):  # init_server gives every client its w_0 first
+        unstarted.client_begin(context(unstarted, 0, 1, Message({}, {"first_round": 1})))
     _, state = make()
     assert state.synced.dtype == torch.int64 and state.synced.tolist() == [0, 0, 0]
     assert state.history.shape == (0, 8)

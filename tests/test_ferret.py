@@ -461,7 +461,7 @@ def test_the_history_travels_in_compact_dtypes_from_each_clients_round_and_the_c
         out, _ = client_update(algorithm, state, round, 0, round)
         sent.append(out.uplink)
         state = algorithm.aggregate(state, round, [Arrival(0, out.uplink)])
-    assert state.synced.tolist() == [1, 0, 0, 0]
+    assert state.synced.tolist() == [1, 0, 0, 0] and state.synced.dtype == torch.int64
     down = algorithm.downlink(state, 3, [0, 1, 2])
     assert down[1] is down[2] and down[0] is not down[1]
     whole, tail = down[1], down[0]
