@@ -2,10 +2,17 @@
 
 The workloads are benchmarks/speed.py's W (CNN, cross-silo) and W3 (MLP, cross-device), each
 implementation executing the same plan of SGD steps. taciturn ray runs on a local Ray with 2
-single-CPU worker actors (engine.workers = 2); taciturn parallel with 2 worker processes. Each
-command is timed whole (Ray's start-up included), interleaved, median of the repetitions. The
-parity column is the largest difference of any evaluated metric between the ray and the parallel
-runs (the same clients and steps; partial sums are added in another order).
+single-CPU worker actors (engine.workers = 2); taciturn parallel with 2 worker processes; Flower's
+simulation with 2 single-CPU Ray actors. Each command is timed whole (Ray's start-up included),
+interleaved (repetition 1 of everything, then 2, ...), median of the repetitions; ratios are paired
+by repetition, with a 95% t-interval of the log ratios (speed.ratio_interval). The parity figure is
+the largest difference of any evaluated metric between the ray and the parallel runs (the same
+clients and steps; partial sums are added in another order).
+
+From the same runs, the costs the scaling projection in docs/benchmarks.md uses: each taciturn
+run's training time (its metrics' wall_s: rounds and evaluations) and the rest of the command
+(start-up, data, shutdown), so Ray's fixed cost per run, its extra cost per round, and a client's
+training time on one worker (parallel's training time x workers / clients trained).
 
     python benchmarks/scaleout.py --quick     # smoke: 3 rounds, 1 repetition, no Flower
     python benchmarks/scaleout.py             # 3 repetitions, with Flower when `make bench-env` ran
@@ -15,9 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 from docs_section import markdown_table, replace_section
 from speed import (
     FLOWER_PY,
@@ -27,40 +38,37 @@ from speed import (
     console,
     export_plan,
     measure,
+    ratio_interval,
     workload_tree,
     write_config,
 )
 
 WORKLOADS = ("W", "W3")
 IMPLS = ("ray", "parallel", "flower", "floor")
-WORKERS = ("--set", "engine.workers=2")
+WORKERS = 2
+# The issue's targets: (numerator, denominator, workload, bound) for "numerator / denominator <= bound".
+TARGETS = (("ray", "parallel", "W", 1.15), ("ray", "parallel", "W3", 1.5), ("ray", "flower", "W3", 1 / 3))
 
 
-def commands(name: str, quick: bool) -> dict[str, tuple[list[str], str]]:
+def commands(name: str, quick: bool) -> tuple[dict[str, tuple[list[str], Path | None]], Path]:
+    """Each implementation's command and, for taciturn's, its run folder; and the plan's folder."""
     folder = WORK.parent / "scaleout" / name
     config = write_config(workload_tree(name, quick), folder / "config.toml")
     export_plan(config, folder / "plan")
     run = [PYTHON, "-m", "taciturn.cli", "run", str(config), "--quiet", "--overwrite", "--no-report"]
-    found = {
+    workers = ["--set", f"engine.workers={WORKERS}"]
+    found: dict[str, tuple[list[str], Path | None]] = {
         impl: (
-            [
-                *run,
-                "--out",
-                str(folder / impl),
-                "--set",
-                f'engine.executor="{impl}"',
-                "--set",
-                "engine.workers=2",
-            ],
-            str(folder / impl / "metrics.jsonl"),
+            [*run, "--out", str(folder / impl), "--set", f'engine.executor="{impl}"', *workers],
+            folder / impl,
         )
         for impl in ("ray", "parallel")
     }
-    found["floor"] = ([PYTHON, "floor.py", str(folder / "plan"), str(folder / "floor.json")], "")
+    found["floor"] = ([PYTHON, "floor.py", str(folder / "plan"), str(folder / "floor.json")], None)
     if FLOWER_PY.exists() and not quick:
         plan, out = str(folder / "plan"), str(folder / "flower.json")
-        found["flower"] = ([str(FLOWER_PY), "flower_fedavg.py", plan, out], "")
-    return found
+        found["flower"] = ([str(FLOWER_PY), "flower_fedavg.py", plan, out], None)
+    return found, folder / "plan"
 
 
 def parity(ray_metrics: str, parallel_metrics: str) -> float:
@@ -77,45 +85,202 @@ def parity(ray_metrics: str, parallel_metrics: str) -> float:
     )
 
 
+def training_s(run: Path) -> float:
+    """A run's own clock over its rounds and evaluations (the last metrics row's wall_s)."""
+    return json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["wall_s"]
+
+
+def ray_nodes(run_log: Path) -> int:
+    """How many Ray nodes the run's actors were on, from its log line "ray: W workers on N nodes"."""
+    for line in run_log.read_text().splitlines():
+        if "ray: " in line and " nodes" in line:
+            return int(line.rsplit(" on ", 1)[1].split()[0])
+    raise ValueError(f"{run_log} does not say where the Ray workers ran")
+
+
+def costs(wall: dict[str, list[float]], train: dict[str, list[float]], rounds: int, clients: int) -> dict:
+    """Medians over the repetitions: Ray's fixed cost per run (the command's time outside the rounds,
+    over parallel's), its extra time per round, and a client's training time on one worker."""
+    outside = {i: [w - t for w, t in zip(wall[i], train[i], strict=True)] for i in ("ray", "parallel")}
+    return {
+        "ray_fixed_s": statistics.median(
+            r - p for r, p in zip(outside["ray"], outside["parallel"], strict=True)
+        ),
+        "ray_per_round_s": statistics.median(
+            (r - p) / rounds for r, p in zip(train["ray"], train["parallel"], strict=True)
+        ),
+        "client_s": statistics.median(p * WORKERS / (rounds * clients) for p in train["parallel"]),
+        "outside_rounds_s": {i: statistics.median(v) for i, v in outside.items()},
+    }
+
+
+def summary(wall: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float | None]]:
+    """The issue's layout: per workload, every implementation's median whole-command seconds (None
+    where it did not run)."""
+    return {
+        name: {impl: statistics.median(times[impl]) if times.get(impl) else None for impl in IMPLS}
+        for name, times in wall.items()
+    }
+
+
+def ratios(wall: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Paired ratios of the targets (where both sides ran), as speed.ratio_interval states them."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for top, bottom, name, _ in TARGETS:
+        times = wall.get(name, {})
+        if times.get(top) and times.get(bottom):
+            out.setdefault(name, {})[f"{top}/{bottom}"] = ratio_interval(times[top], times[bottom])
+    return out
+
+
+def verdicts(found: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+    """One line per target: held or not by the median ratio, and whether the whole 95% interval is
+    on the same side (the only case a benchmark here states as a claim)."""
+    lines = []
+    for top, bottom, name, bound in TARGETS:
+        target = (
+            f"{name}: {top} <= {bound:.2f}x {bottom}"
+            if bound >= 1
+            else f"{name}: {bottom} >= {1 / bound:.0f}x {top}"
+        )
+        r = found.get(name, {}).get(f"{top}/{bottom}")
+        if r is None:
+            lines.append(f"{target}: not measured ({bottom if top == 'ray' else top} did not run)")
+            continue
+        held = r["median"] <= bound
+        if r["reps"] < 2:
+            sure = "one repetition: no interval, no claim"
+        elif (r["high"] <= bound) if held else (r["low"] > bound):
+            sure = "the whole 95% interval agrees"
+        else:
+            sure = "the 95% interval straddles the target: no claim"
+        shown = (
+            f"{r['median']:.3f}x median, 95% interval [{r['low']:.3f}, {r['high']:.3f}]"
+            if bound >= 1
+            else f"{bottom} / {top} {1 / r['median']:.2f}x median, "
+            f"95% interval [{1 / r['high']:.2f}, {1 / r['low']:.2f}]"
+        )
+        lines.append(f"{target}: {'holds' if held else 'does not hold'} ({shown}, {r['reps']} reps; {sure})")
+    return lines
+
+
+def flower_version() -> str | None:
+    if not FLOWER_PY.exists():
+        return None
+    done = subprocess.run(
+        [str(FLOWER_PY), "-c", "import flwr; print(flwr.__version__)"], capture_output=True, text=True
+    )
+    return done.stdout.strip() or None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: 3 rounds, 1 repetition")
     args = parser.parse_args()
     reps = 1 if args.quick else 3
-    results: dict = {"smoke": args.quick, "nodes": 1, "workers": 2, "repetitions": reps}
-    diffs = []
+    wall: dict[str, dict[str, list[float]]] = {}
+    detail: dict[str, Any] = {
+        "smoke": args.quick,
+        "repetitions": reps,
+        "workers": WORKERS,
+        "flower_version": None if args.quick else flower_version(),
+        "load_before": [],
+        "costs": {},
+    }
+    diffs, nodes = [], set()
     for name in WORKLOADS:
-        found = commands(name, args.quick)
-        times: dict[str, list[float]] = {impl: [] for impl in found}
+        found, plan = commands(name, args.quick)
+        rounds, clients = np.load(plan / "plan.npz")["round_clients"].shape
+        wall[name] = {impl: [] for impl in found}
+        train: dict[str, list[float]] = {"ray": [], "parallel": []}
         for rep in range(reps):
-            for impl, (command, _) in found.items():
+            for impl, (command, run) in found.items():
+                detail["load_before"].append(os.getloadavg()[0])
                 measured = measure(command)
                 if measured.returncode != 0:
                     raise SystemExit(f"{name} {impl} failed: {' '.join(command)}")
-                times[impl].append(measured.wall_s)
+                wall[name][impl].append(measured.wall_s)
+                if run is not None:
+                    train[impl].append(training_s(run))
                 console.print(f"  {name} rep {rep + 1} {impl:<9} {measured.wall_s:7.2f} s", highlight=False)
-        results[name] = {impl: statistics.median(times[impl]) if impl in times else None for impl in IMPLS}
-        diffs.append(parity(found["ray"][1], found["parallel"][1]))
+        diffs.append(
+            parity(str(found["ray"][1] / "metrics.jsonl"), str(found["parallel"][1] / "metrics.jsonl"))
+        )
+        nodes.add(ray_nodes(found["ray"][1] / "run.log"))
+        detail["costs"][name] = costs(wall[name], train, rounds, clients) | {
+            "rounds": rounds,
+            "clients": clients,
+        }
+    found_ratios = ratios(wall)
+    results: dict[str, Any] = summary(wall)
     results["parity_max_abs_diff"] = max(diffs)
+    results["nodes"] = max(nodes)
+    detail |= {"wall_all_s": wall, "ratios": found_ratios, "targets": verdicts(found_ratios)}
+    results["detail"] = detail
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "scaleout.json").write_text(json.dumps(results, indent=2) + "\n")
+    console.print(docs_body(results, args.quick))
+    replace_section("scaleout", docs_body(results, args.quick), "Scale-out: the Ray executor (issue 16)")
+
+
+def docs_body(results: dict[str, Any], quick: bool) -> str:
+    detail = results["detail"]
+    flower = detail["flower_version"] or "not installed"
+    label = (
+        "SMOKE RUN, no claim (3 rounds, 1 repetition: start-up dominates)."
+        if quick
+        else f"{detail['repetitions']} repetitions, interleaved; Flower {flower}."
+    )
     rows = [
         [
             name,
             *(f"{results[name][impl]:.1f}" if results[name][impl] else "-" for impl in IMPLS),
-            f"{results[name]['ray'] / results[name]['parallel']:.2f}",
+            f"{results[name]['ray'] / results[name]['parallel']:.3f}",
         ]
         for name in WORKLOADS
     ]
-    label = "SMOKE RUN (3 rounds, 1 repetition: start-up dominates; no claim)" if args.quick else ""
-    body = (
-        f"{label}\n\n"
-        + markdown_table(["workload", "ray s", "parallel s", "flower s", "floor s", "ray / parallel"], rows)
-        + f"\n\nlargest metric difference ray vs parallel: {results['parity_max_abs_diff']:.2e}; "
-        f"command: `python benchmarks/scaleout.py{' --quick' if args.quick else ''}`"
+    cost_rows = [
+        [
+            name,
+            f"{c['outside_rounds_s']['parallel']:.1f}",
+            f"{c['outside_rounds_s']['ray']:.1f}",
+            f"{c['ray_fixed_s']:.1f}",
+            f"{c['ray_per_round_s'] * 1000:.0f}",
+            f"{c['client_s'] * 1000:.0f}",
+            f"{c['rounds']} x {c['clients']}",
+        ]
+        for name, c in detail["costs"].items()
+    ]
+    return "\n\n".join(
+        [
+            f"Command: `python benchmarks/scaleout.py{' --quick' if quick else ''}` "
+            f"(results: `benchmarks/results/scaleout.json`). {label} Ray on {results['nodes']} node(s), "
+            f"{detail['workers']} single-CPU workers; highest 1-minute load average before a command: "
+            f"{max(detail['load_before']):.2f}.",
+            "Whole-command wall seconds, median of the repetitions:",
+            markdown_table(
+                ["workload", "ray s", "parallel s", "flower s", "floor s", "ray / parallel"], rows
+            ),
+            "Targets (paired ratios by repetition):\n\n"
+            + "\n".join(f"* {line}" for line in detail["targets"]),
+            "Where the time goes (medians; the scaling projection below uses these): the command's time "
+            "outside the rounds (start-up, data, shutdown), Ray's extra fixed cost per run over parallel, "
+            "its extra training time per round, and one client's training time on one worker:",
+            markdown_table(
+                [
+                    "workload",
+                    "parallel outside rounds s",
+                    "ray outside rounds s",
+                    "ray fixed extra s",
+                    "ray extra per round ms",
+                    "client ms",
+                    "rounds x clients",
+                ],
+                cost_rows,
+            ),
+            f"Largest metric difference ray vs parallel: {results['parity_max_abs_diff']:.2e}.",
+        ]
     )
-    replace_section("scaleout", body, "Scale-out: the Ray executor (issue 16)")
-    console.print(body)
 
 
 if __name__ == "__main__":

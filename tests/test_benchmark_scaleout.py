@@ -1,8 +1,12 @@
-"""The scale-out benchmark's parity figure (the timings live in docs/benchmarks.md)."""
+"""The scale-out benchmark's pure parts: parity, the issue's layout, targets, and the cost split."""
 
 import json
 
+import pytest
+
 from tests.benchmark_module import load_benchmark
+
+scaleout = load_benchmark("scaleout")
 
 
 def test_parity_is_the_largest_metric_difference_but_not_the_clock(tmp_path):
@@ -12,4 +16,63 @@ def test_parity_is_the_largest_metric_difference_but_not_the_clock(tmp_path):
     }
     for name, metrics in rows.items():
         (tmp_path / name).write_text("\n".join(json.dumps(r) for r in metrics) + "\n")
-    assert load_benchmark("scaleout").parity(str(tmp_path / "ray"), str(tmp_path / "parallel")) == 0.25
+    assert scaleout.parity(str(tmp_path / "ray"), str(tmp_path / "parallel")) == 0.25
+
+
+def test_summary_has_the_issue_layout_with_medians_and_none_for_what_did_not_run():
+    wall = {"W": {"ray": [3.0, 1.0, 2.0], "parallel": [4.0, 6.0, 5.0], "floor": [7.0, 9.0, 8.0]}}
+    assert scaleout.summary(wall) == {"W": {"ray": 2.0, "parallel": 5.0, "flower": None, "floor": 8.0}}
+
+
+def test_targets_held_by_the_median_and_claimed_only_when_the_interval_agrees():
+    wall = {
+        "W": {"ray": [130.0, 120.0, 125.0], "parallel": [100.0, 100.0, 100.0]},  # 1.3, 1.2, 1.25
+        "W3": {"ray": [100.0, 100.0, 100.0], "parallel": [100.0, 100.0, 100.0]},  # 1.0, no spread
+    }
+    found = scaleout.ratios(wall)
+    assert set(found) == {"W", "W3"} and "ray/flower" not in found["W3"]  # Flower did not run
+    assert found["W"]["ray/parallel"]["median"] == pytest.approx(1.25)
+    lines = scaleout.verdicts(found)
+    # logs of 1.3, 1.2, 1.25: mean 0.2226, sem 0.0231, t(2) 4.303: [exp(0.1231), exp(0.3221)]
+    assert lines[0].startswith(
+        "W: ray <= 1.15x parallel: does not hold (1.250x median, 95% interval [1.131, 1.380]"
+    )
+    assert lines[0].endswith("straddles the target: no claim)")
+    assert lines[1].startswith("W3: ray <= 1.50x parallel: holds (1.000x median, 95% interval [1.000, 1.000]")
+    assert lines[1].endswith("3 reps; the whole 95% interval agrees)")
+    assert lines[2] == "W3: flower >= 3x ray: not measured (flower did not run)"
+
+
+def test_a_target_missed_with_one_repetition_is_no_claim_and_flower_is_shown_as_a_speed_up():
+    found = scaleout.ratios(
+        {
+            "W": {"ray": [130.0], "parallel": [100.0]},
+            "W3": {"ray": [10.0], "parallel": [9.0], "flower": [20.0]},
+        }
+    )
+    lines = scaleout.verdicts(found)
+    assert lines[0].startswith("W: ray <= 1.15x parallel: does not hold (1.300x median")
+    assert lines[0].endswith("1 reps; one repetition: no interval, no claim)")
+    assert lines[2].startswith("W3: flower >= 3x ray: does not hold (flower / ray 2.00x median")
+
+
+def test_costs_split_the_command_into_fixed_per_round_and_per_client_parts():
+    wall = {"ray": [50.0, 60.0], "parallel": [35.0, 45.0]}
+    train = {"ray": [30.0, 40.0], "parallel": [28.0, 38.0]}
+    found = scaleout.costs(wall, train, rounds=10, clients=5)
+    assert found["ray_fixed_s"] == pytest.approx(13.0)  # outside the rounds: 20 vs 7 s
+    assert found["ray_per_round_s"] == pytest.approx(0.2)  # 2 s more over 10 rounds
+    assert found["client_s"] == pytest.approx((28 * 2 / 50 + 38 * 2 / 50) / 2)  # 2 workers, 50 clients
+    assert found["outside_rounds_s"] == {"ray": 20.0, "parallel": 7.0}
+
+
+def test_the_node_count_comes_from_the_run_log(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text(
+        "2026-12-02 05:22:23,815 INFO taciturn: executor: ray with 2 workers (set in the config)\n"
+        "2026-12-02 05:22:32,966 INFO taciturn.engine.ray_executor: ray: 4 workers on 2 nodes\n"
+    )
+    assert scaleout.ray_nodes(log) == 2
+    log.write_text("nothing about Ray\n")
+    with pytest.raises(ValueError, match="does not say"):
+        scaleout.ray_nodes(log)
