@@ -502,3 +502,22 @@ def test_a_ferret_client_needs_the_servers_start_and_a_copy_that_matches_the_his
         ValueError, match=r"^client 2 holds the model of round 1, but round 1 starts from round 0"
     ):
         algorithm.client_begin(ClientContext(2, 1, down, ahead, 10, algorithm.streams, None, None))
+
+
+def test_pieces_are_added_tensor_by_tensor_along_a_block_of_three():
+    params = {"a": torch.zeros(1), "b": torch.zeros(2), "c": torch.zeros(1, 3), "d": torch.ones(2)}
+    blocks = [Block(("a", "b", "c"), ((1,), (2,), (1, 3))), Block(("d",), ((2,),))]
+    apply_pieces(params, blocks, [torch.arange(6.0), torch.tensor([1.0, -1.0])], -2.0)
+    assert params["a"].tolist() == [0.0] and params["b"].tolist() == [-2.0, -4.0]
+    assert params["c"].tolist() == [[-6.0, -8.0, -10.0]] and params["d"].tolist() == [-1.0, 3.0]
+
+
+def test_a_uniform_basis_is_torchs_uniform_draw_from_its_slots_seed_chunk_by_chunk():
+    from taciturn.algorithms.shared_bases import CHUNK
+
+    d = CHUNK + 10
+    v = Bases(Streams(7), "uniform").basis(3, SERVER, 2, 4, d)
+    seed = Streams(7).seeds_for(3, SERVER, "ferret-basis/2", 5)[4]  # slot 4 of (round 3, server, block 2)
+    generator, c = torch.Generator().manual_seed(seed), 1 / math.sqrt(d)
+    chunks = [torch.empty(n).uniform_(-c, c, generator=generator) for n in (CHUNK, 10)]
+    assert torch.equal(v, torch.cat(chunks))
