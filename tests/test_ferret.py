@@ -521,3 +521,28 @@ def test_a_uniform_basis_is_torchs_uniform_draw_from_its_slots_seed_chunk_by_chu
     generator, c = torch.Generator().manual_seed(seed), 1 / math.sqrt(d)
     chunks = [torch.empty(n).uniform_(-c, c, generator=generator) for n in (CHUNK, 10)]
     assert torch.equal(v, torch.cat(chunks))
+
+
+def test_a_truncated_normal_basis_is_the_inverse_cdf_of_its_slots_uniform_draw():
+    """v = sqrt(2) erfinv(u), u uniform on (-erf(c / sqrt 2), erf(c / sqrt 2)): N(0, 1) cut to [-c, c]."""
+    from scipy.special import erfinv
+
+    d = 3  # c = 1/sqrt(3): wide enough that the truncated normal is far from uniform
+    v = Bases(Streams(7), "truncated_normal").basis(2, SERVER, 1, 0, d)
+    seed = Streams(7).seeds_for(2, SERVER, "ferret-basis/1", 1)[0]
+    c = 1 / math.sqrt(d)
+    edge = math.erf(c / math.sqrt(2))
+    u = torch.empty(d).uniform_(-edge, edge, generator=torch.Generator().manual_seed(seed))
+    expected = math.sqrt(2) * erfinv(u.double().numpy())
+    np.testing.assert_allclose(v.double().numpy(), expected, rtol=1e-6, atol=0)
+    assert float(v.abs().max()) <= c and len(set(v.tolist())) == d
+
+
+def test_uniform_coordinates_are_scaled_by_exactly_3d_over_k():
+    """rho = c^2 / 3 = 1 / (3 d) for uniform bases: gamma_k = 3 d v_k . Delta / K (d = 3, K = 2)."""
+    delta = {"w": torch.tensor([1.0, -2.0, 0.5])}
+    bases = Bases(Streams(8), "uniform")
+    coords = bases.project(delta, one_block(3), [2], 4, SERVER)
+    v = [bases.basis(4, SERVER, 0, k, 3).double() for k in range(2)]
+    expected = [3 * 3 * float(v[k] @ delta["w"].double()) / 2 for k in range(2)]
+    np.testing.assert_allclose(coords.double().numpy(), expected, rtol=1e-6)
