@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -48,6 +49,18 @@ IMPLS = ("ray", "parallel", "flower", "floor")
 WORKERS = 2
 # The issue's targets: (numerator, denominator, workload, bound) for "numerator / denominator <= bound".
 TARGETS = (("ray", "parallel", "W", 1.15), ("ray", "parallel", "W3", 1.5), ("ray", "flower", "W3", 1 / 3))
+# The projection's setting (docs/benchmarks.md): a round of 1,000 clients of a 100M-parameter float32
+# model on N nodes of 8 single-core workers. Measured here: a client's training time per parameter
+# (W3's MLP, whose time grows with its parameter count) and Ray's extra time per round. Assumed (one
+# machine cannot measure them): a 10 Gb/s link per node and 10 GB/s memory for the driver's adds.
+PROJECTION = {
+    "clients": 1000,
+    "params": 100_000_000,
+    "workers_per_node": 8,
+    "link_gbps": 10.0,
+    "memory_gbs": 10.0,
+}
+PROJECTION_NODES = (1, 2, 4, 8, 16, 32)
 
 
 def commands(name: str, quick: bool) -> tuple[dict[str, tuple[list[str], Path | None]], Path]:
@@ -90,28 +103,68 @@ def training_s(run: Path) -> float:
     return json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["wall_s"]
 
 
-def ray_nodes(run_log: Path) -> int:
-    """How many Ray nodes the run's actors were on, from its log line "ray: W workers on N nodes"."""
+def ray_start(run_log: Path) -> tuple[int, float]:
+    """How many Ray nodes the run's actors were on, and how long its first round waited for them
+    (the pipeline's shipping and whatever of their start-up was not done yet), from its log line
+    "ray: W workers on N nodes, ready S s into the first round"."""
     for line in run_log.read_text().splitlines():
-        if "ray: " in line and " nodes" in line:
-            return int(line.rsplit(" on ", 1)[1].split()[0])
+        said = line.split("ray: ", 1)[-1]
+        if " nodes, ready " in said:
+            nodes = int(said.split(" on ", 1)[1].split()[0])
+            return nodes, float(said.split(" ready ", 1)[1].split()[0])
     raise ValueError(f"{run_log} does not say where the Ray workers ran")
 
 
-def costs(wall: dict[str, list[float]], train: dict[str, list[float]], rounds: int, clients: int) -> dict:
-    """Medians over the repetitions: Ray's fixed cost per run (the command's time outside the rounds,
-    over parallel's), its extra time per round, and a client's training time on one worker."""
-    outside = {i: [w - t for w, t in zip(wall[i], train[i], strict=True)] for i in ("ray", "parallel")}
+def costs(
+    wall: dict[str, list[float]], train: dict[str, list[float]], ready: list[float], rounds: int, clients: int
+) -> dict:
+    """Medians over the repetitions: Ray's fixed cost per run over parallel's (the command's time
+    outside the rounds, counting the first round's wait for the actors, ``ready``, as start-up), its
+    extra time per round, and a client's training time on one worker (parallel's time over the
+    rounds, which also holds the driver's evaluations and aggregation: an upper bound)."""
+    rounds_s = {
+        "ray": [t - r for t, r in zip(train["ray"], ready, strict=True)],
+        "parallel": train["parallel"],
+    }
+    outside = {i: [w - t for w, t in zip(wall[i], rounds_s[i], strict=True)] for i in rounds_s}
     return {
         "ray_fixed_s": statistics.median(
             r - p for r, p in zip(outside["ray"], outside["parallel"], strict=True)
         ),
         "ray_per_round_s": statistics.median(
-            (r - p) / rounds for r, p in zip(train["ray"], train["parallel"], strict=True)
+            (r - p) / rounds for r, p in zip(rounds_s["ray"], rounds_s["parallel"], strict=True)
         ),
         "client_s": statistics.median(p * WORKERS / (rounds * clients) for p in train["parallel"]),
         "outside_rounds_s": {i: statistics.median(v) for i, v in outside.items()},
+        "ray_ready_s": statistics.median(ready),
     }
+
+
+def projection(client_s: float, params: int, ray_per_round_s: float) -> list[dict[str, float]]:
+    """A round's seconds on each of PROJECTION_NODES: every worker trains its share of the clients
+    one after another (each client's time scaled from ``client_s`` at ``params`` parameters), the
+    broadcast leaves the driver's object store once per node, one partial per worker comes back
+    over the driver's link and is added there (three passes over the model: read two, write one),
+    plus Ray's measured extra time per round."""
+    p = PROJECTION
+    model_bytes = 4 * p["params"]
+    link_s = model_bytes / (p["link_gbps"] * 1e9 / 8)  # one model over one link
+    add_s = 3 * model_bytes / (p["memory_gbs"] * 1e9)
+    client = client_s * p["params"] / params
+    rows = []
+    for nodes in PROJECTION_NODES:
+        workers = nodes * p["workers_per_node"]
+        row = {
+            "nodes": nodes,
+            "workers": workers,
+            "train_s": math.ceil(p["clients"] / workers) * client,
+            "broadcast_s": nodes * link_s,
+            "partials_s": workers * (link_s + add_s),
+            "ray_s": ray_per_round_s,
+        }
+        row["round_s"] = row["train_s"] + row["broadcast_s"] + row["partials_s"] + row["ray_s"]
+        rows.append(row)
+    return rows
 
 
 def summary(wall: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float | None]]:
@@ -191,8 +244,10 @@ def main() -> None:
     for name in WORKLOADS:
         found, plan = commands(name, args.quick)
         rounds, clients = np.load(plan / "plan.npz")["round_clients"].shape
+        params = json.loads((plan / "plan.json").read_text())["params"]
         wall[name] = {impl: [] for impl in found}
         train: dict[str, list[float]] = {"ray": [], "parallel": []}
+        ready: list[float] = []
         for rep in range(reps):
             for impl, (command, run) in found.items():
                 detail["load_before"].append(os.getloadavg()[0])
@@ -202,14 +257,18 @@ def main() -> None:
                 wall[name][impl].append(measured.wall_s)
                 if run is not None:
                     train[impl].append(training_s(run))
+                if impl == "ray":
+                    ray_nodes, ray_ready = ray_start(run / "run.log")
+                    nodes.add(ray_nodes)
+                    ready.append(ray_ready)
                 console.print(f"  {name} rep {rep + 1} {impl:<9} {measured.wall_s:7.2f} s", highlight=False)
         diffs.append(
             parity(str(found["ray"][1] / "metrics.jsonl"), str(found["parallel"][1] / "metrics.jsonl"))
         )
-        nodes.add(ray_nodes(found["ray"][1] / "run.log"))
-        detail["costs"][name] = costs(wall[name], train, rounds, clients) | {
-            "rounds": rounds,
-            "clients": clients,
+        detail["costs"][name] = costs(wall[name], train, ready, rounds, clients) | {
+            "rounds": int(rounds),
+            "clients": int(clients),
+            "params": params,
         }
     found_ratios = ratios(wall)
     results: dict[str, Any] = summary(wall)
@@ -244,6 +303,7 @@ def docs_body(results: dict[str, Any], quick: bool) -> str:
             name,
             f"{c['outside_rounds_s']['parallel']:.1f}",
             f"{c['outside_rounds_s']['ray']:.1f}",
+            f"{c['ray_ready_s']:.1f}",
             f"{c['ray_fixed_s']:.1f}",
             f"{c['ray_per_round_s'] * 1000:.0f}",
             f"{c['client_s'] * 1000:.0f}",
@@ -264,13 +324,16 @@ def docs_body(results: dict[str, Any], quick: bool) -> str:
             "Targets (paired ratios by repetition):\n\n"
             + "\n".join(f"* {line}" for line in detail["targets"]),
             "Where the time goes (medians; the scaling projection below uses these): the command's time "
-            "outside the rounds (start-up, data, shutdown), Ray's extra fixed cost per run over parallel, "
-            "its extra training time per round, and one client's training time on one worker:",
+            "outside the rounds (start-up, data, shutdown; for ray also the first round's wait for its "
+            "actors, of which the next column is the part not overlapped with the driver's set-up), "
+            "Ray's extra fixed cost per run over parallel, its extra time per round, and one client's "
+            "training time on one worker (parallel's time over the rounds x workers / clients trained):",
             markdown_table(
                 [
                     "workload",
                     "parallel outside rounds s",
                     "ray outside rounds s",
+                    "ray first-round wait s",
                     "ray fixed extra s",
                     "ray extra per round ms",
                     "client ms",
@@ -279,7 +342,32 @@ def docs_body(results: dict[str, Any], quick: bool) -> str:
                 cost_rows,
             ),
             f"Largest metric difference ray vs parallel: {results['parity_max_abs_diff']:.2e}.",
+            projection_text(detail["costs"]["W3"]),
         ]
+    )
+
+
+def projection_text(w3: dict[str, Any]) -> str:
+    p = PROJECTION
+    rows = [
+        [
+            r["nodes"],
+            r["workers"],
+            *(f"{r[k]:.1f}" for k in ("train_s", "broadcast_s", "partials_s", "ray_s", "round_s")),
+        ]
+        for r in projection(w3["client_s"], w3["params"], w3["ray_per_round_s"])
+    ]
+    return (
+        "Projection (computed from the W3 costs above; the text below derives it): a round of "
+        f"{p['clients']:,} clients of a {p['params'] / 1e6:.0f}M-parameter model, "
+        f"{p['workers_per_node']} single-core workers per node, "
+        f"a client's training {w3['client_s'] * 1000:.1f} ms at {w3['params']:,} parameters scaled by the "
+        f"parameter count, Ray's extra {w3['ray_per_round_s'] * 1000:.0f} ms per round; assumed: "
+        f"{p['link_gbps']:.0f} Gb/s per link, {p['memory_gbs']:.0f} GB/s memory on the driver.\n\n"
+        + markdown_table(
+            ["nodes", "workers", "training s", "broadcast s", "partials s", "Ray per round s", "round s"],
+            rows,
+        )
     )
 
 

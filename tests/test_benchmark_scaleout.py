@@ -59,20 +59,69 @@ def test_a_target_missed_with_one_repetition_is_no_claim_and_flower_is_shown_as_
 def test_costs_split_the_command_into_fixed_per_round_and_per_client_parts():
     wall = {"ray": [50.0, 60.0], "parallel": [35.0, 45.0]}
     train = {"ray": [30.0, 40.0], "parallel": [28.0, 38.0]}
-    found = scaleout.costs(wall, train, rounds=10, clients=5)
-    assert found["ray_fixed_s"] == pytest.approx(13.0)  # outside the rounds: 20 vs 7 s
-    assert found["ray_per_round_s"] == pytest.approx(0.2)  # 2 s more over 10 rounds
+    found = scaleout.costs(wall, train, ready=[1.0, 1.0], rounds=10, clients=5)
+    # the first round's wait for the actors is start-up: ray's rounds take 29 and 39 s
+    assert found["outside_rounds_s"] == {"ray": 21.0, "parallel": 7.0}
+    assert found["ray_fixed_s"] == pytest.approx(14.0)
+    assert found["ray_per_round_s"] == pytest.approx(0.1)  # 1 s more over 10 rounds
     assert found["client_s"] == pytest.approx((28 * 2 / 50 + 38 * 2 / 50) / 2)  # 2 workers, 50 clients
-    assert found["outside_rounds_s"] == {"ray": 20.0, "parallel": 7.0}
+    assert found["ray_ready_s"] == 1.0
 
 
-def test_the_node_count_comes_from_the_run_log(tmp_path):
+def test_nodes_and_the_first_round_wait_come_from_the_run_log(tmp_path):
     log = tmp_path / "run.log"
     log.write_text(
         "2026-12-02 05:22:23,815 INFO taciturn: executor: ray with 2 workers (set in the config)\n"
-        "2026-12-02 05:22:32,966 INFO taciturn.engine.ray_executor: ray: 4 workers on 2 nodes\n"
+        "2026-12-02 05:22:32,966 INFO taciturn.engine.ray_executor: ray: 4 workers on 2 nodes, "
+        "ready 7.61 s into the first round\n"
     )
-    assert scaleout.ray_nodes(log) == 2
+    assert scaleout.ray_start(log) == (2, 7.61)
     log.write_text("nothing about Ray\n")
     with pytest.raises(ValueError, match="does not say"):
-        scaleout.ray_nodes(log)
+        scaleout.ray_start(log)
+
+
+def test_the_projection_scales_the_measured_client_time_and_adds_the_transfers():
+    rows = scaleout.projection(client_s=0.01, params=100_000, ray_per_round_s=0.05)
+    assert [r["nodes"] for r in rows] == [1, 2, 4, 8, 16, 32]
+    one, four = rows[0], rows[2]
+    # 0.01 s x 1000 (100M / 100k parameters) = 10 s a client; 1000 / 8 = 125 clients a worker
+    assert one["train_s"] == pytest.approx(1250.0)
+    # 400 MB over 10 Gb/s = 0.32 s a model; 3 x 400 MB over 10 GB/s = 0.12 s an add
+    assert one["broadcast_s"] == pytest.approx(0.32)
+    assert one["partials_s"] == pytest.approx(8 * (0.32 + 0.12))
+    assert one["round_s"] == pytest.approx(1250.0 + 0.32 + 3.52 + 0.05)
+    assert four["workers"] == 32 and four["train_s"] == pytest.approx(32 * 10.0)  # ceil(1000 / 32) = 32
+    assert four["round_s"] == pytest.approx(320.0 + 4 * 0.32 + 32 * 0.44 + 0.05)
+
+
+def test_the_docs_section_shows_the_medians_targets_costs_and_projection():
+    wall = {
+        name: {"ray": [12.0, 11.0, 13.0], "parallel": [10.0, 10.0, 10.0], "floor": [20.0, 20.0, 20.0]}
+        for name in ("W", "W3")
+    }
+    train = {"ray": [6.5, 5.5, 7.5], "parallel": [5.0, 5.0, 5.0]}
+    found = scaleout.ratios(wall)
+    results = scaleout.summary(wall) | {"parity_max_abs_diff": 0.0, "nodes": 1}
+    results["detail"] = {
+        "smoke": False,
+        "repetitions": 3,
+        "workers": 2,
+        "flower_version": None,
+        "load_before": [0.5, 1.25],
+        "costs": {
+            name: scaleout.costs(wall[name], train, [0.5] * 3, 10, 5)
+            | {"rounds": 10, "clients": 5, "params": 100_000}
+            for name in ("W", "W3")
+        },
+        "targets": scaleout.verdicts(found),
+    }
+    body = scaleout.docs_body(results, quick=False)
+    assert "3 repetitions, interleaved; Flower not installed. Ray on 1 node(s)" in body
+    assert "highest 1-minute load average before a command: 1.25" in body
+    assert "| W | 12.0 | 10.0 | - | 20.0 | 1.200 |" in body
+    assert "* W3: flower >= 3x ray: not measured (flower did not run)" in body
+    # outside the rounds: ray 6 s (0.5 s of it the first round's wait), parallel 5 s; per round
+    # (6 - 5) / 10; a client 5 x 2 / 50 s
+    assert "| W3 | 5.0 | 6.0 | 0.5 | 1.0 | 100 | 200 | 10 x 5 |" in body
+    assert "| 1 | 8 | 25000.0 | 0.3 | 3.5 | 0.1 | 25003.9 |" in body  # 0.2 s x 1000 x 125 clients

@@ -8,12 +8,15 @@ stopped in the fixture's finaliser, and the whole module runs under an alarm.
 import os
 import signal
 import socket
+import time
 
 import pytest
 import torch
 
 from taciturn.core.ledger import Ledger
 from taciturn.core.rng import SERVER
+from taciturn.data.datasets import DataError
+from taciturn.experiments import runner
 from taciturn.experiments.runner import prepare, resume, start
 from taciturn.report.rundir import RunDir
 from tests.conftest import tiny_config
@@ -240,3 +243,26 @@ def test_a_dead_state_keeper_stops_the_run_with_an_error_that_says_to_resume(clu
             exp.store.save(tmp_path / "checkpoint")
     finally:
         executor.close()
+
+
+def free_cpus_become(count: float) -> bool:
+    """Whether the cluster's free CPUs reach ``count`` within a minute (Ray places and frees actors
+    asynchronously)."""
+    deadline = time.monotonic() + 60
+    while ray.available_resources().get("CPU", 0) != count and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return ray.available_resources().get("CPU", 0) == count
+
+
+def test_a_run_that_fails_after_its_actors_started_releases_them(cluster, tmp_path, monkeypatch):
+    """The actors start before the data loads (engine_setup.start_ray); a failure then (here: the
+    data) kills them, so their CPUs (one each, the cluster's two) are free again."""
+
+    def no_data(*args, **kwargs):
+        assert free_cpus_become(0)  # the premise: both actors hold their CPU
+        raise DataError("no data here")
+
+    monkeypatch.setattr(runner, "build_task", no_data)
+    with pytest.raises(DataError, match="no data here"):
+        prepare(config(cluster, {"name": "fedavg"}), tmp_path / "ray")
+    assert free_cpus_become(2)
