@@ -173,6 +173,7 @@ def test_the_three_trigger_units_and_the_remembered_z_step_by_hand():
     assert algorithm.z_step(ctx, w(0.3, 0.4)) == pytest.approx(0.5, rel=1e-12)
     assert algorithm.z_step(ctx, w(0.0, 0.0)) == pytest.approx(0.25 * 0.8, rel=1e-6)  # nothing new: fade
     assert algorithm.z_step(ctx_for({"z_hat/w": w(0.0, 0.0)["w"]}, None), w(0.0, 0.0)) == 0.0  # unknown
+    assert algorithm.z_step(ctx_for({}, None), w(0.3, 0.4)) == 0.0  # no z held yet
     units = algorithm.trigger_units(ctx, w(3.0, 4.0), 0.5)
     assert units == {"absolute": 1.0, "relative": pytest.approx(5.0), "progress": pytest.approx(2.5)}
     # relative: send iff ||v - last|| >= Delta ||last|| = 2.5; v = x + u = (4.5, 6) is 2.5 from last
