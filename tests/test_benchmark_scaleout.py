@@ -24,6 +24,15 @@ def test_summary_has_the_issue_layout_with_medians_and_none_for_what_did_not_run
     assert scaleout.summary(wall) == {"W": {"ray": 2.0, "parallel": 5.0, "flower": None, "floor": 8.0}}
 
 
+def test_a_failed_repetition_is_left_out_of_the_median_and_of_the_pairs():
+    wall = {"W3": {"ray": [10.0, 11.0, 12.0], "parallel": [9.0, 9.0, 9.0], "flower": [40.0, None, 30.0]}}
+    assert scaleout.summary(wall)["W3"]["flower"] == 35.0
+    paired = scaleout.ratios(wall)["W3"]["ray/flower"]  # repetitions 1 and 3: 10 / 40 and 12 / 30
+    assert paired["reps"] == 2
+    assert paired["median"] == pytest.approx((0.25 + 0.4) / 2)
+    assert scaleout.summary({"W": {"ray": [1.0], "flower": [None]}})["W"]["flower"] is None
+
+
 def test_targets_held_by_the_median_and_claimed_only_when_the_interval_agrees():
     wall = {
         "W": {"ray": [130.0, 120.0, 125.0], "parallel": [100.0, 100.0, 100.0]},  # 1.3, 1.2, 1.25
@@ -109,6 +118,7 @@ def test_the_docs_section_shows_the_medians_targets_costs_and_projection():
         "workers": 2,
         "flower_version": None,
         "load_before": [0.5, 1.25],
+        "failed": [],
         "costs": {
             name: scaleout.costs(wall[name], train, [0.5] * 3, 10, 5)
             | {"rounds": 10, "clients": 5, "params": 100_000}
@@ -117,6 +127,9 @@ def test_the_docs_section_shows_the_medians_targets_costs_and_projection():
         "targets": scaleout.verdicts(found),
     }
     body = scaleout.docs_body(results, quick=False)
+    assert "Failed" not in body
+    results["detail"]["failed"] = ["W3 flower repetition 2"]
+    assert "Failed, left out: W3 flower repetition 2." in scaleout.docs_body(results, quick=False)
     assert "3 repetitions, interleaved; Flower not installed. Ray on 1 node(s)" in body
     assert "highest 1-minute load average before a command: 1.25" in body
     assert "| W | 12.0 | 10.0 | - | 20.0 | 1.200 |" in body
