@@ -10,6 +10,7 @@ import torch
 
 pytest.importorskip("flwr")
 
+from taciturn.core.codec import CodecError
 from taciturn.core.ledger import PAYLOAD
 from taciturn.core.rng import SERVER, Streams
 from taciturn.deploy import protocol
@@ -245,17 +246,23 @@ def npz_data(path: str):
     return d["x"], d["y"], d["x_test"], d["y_test"]
 
 
-def test_each_node_reads_the_data_files_at_its_own_paths(tmp_path):
-    """The run's [data] names the server's copy; each node's data.* setting points at its own."""
+def npz_arrays() -> dict:
     import numpy as np
 
     rng = np.random.default_rng(0)
-    arrays = {
+    return {
         "x": rng.normal(size=(240, 6)).astype(np.float32),
         "y": rng.integers(0, 3, 240),
         "x_test": rng.normal(size=(60, 6)).astype(np.float32),
         "y_test": rng.integers(0, 3, 60),
     }
+
+
+def test_each_node_reads_the_data_files_at_its_own_paths(tmp_path):
+    """The run's [data] names the server's copy; each node's data.* setting points at its own."""
+    import numpy as np
+
+    arrays = npz_arrays()
     paths = {}
     for where in ("server", "node1", "node2", "node3"):
         (tmp_path / where).mkdir()
@@ -308,3 +315,35 @@ def test_a_resumed_server_loses_nothing(tmp_path, algorithm):
         a, b = tmp_path / "nodes" / node / folder, tmp_path / "steady" / node / folder
         assert versions(a) == versions(b)
         assert all((a / name).read_bytes() == (b / name).read_bytes() for name in versions(a))
+
+
+def test_a_node_whose_data_splits_otherwise_is_left_out(tmp_path, caplog):
+    """Node 2 reads a copy with 40 rows fewer: its clients' sizes are not the run's, so the server
+    sends it no work (its updates would come from other rows than the run's partition)."""
+    import numpy as np
+
+    arrays = npz_arrays()
+    np.savez(tmp_path / "run.npz", **arrays)
+    np.savez(tmp_path / "short.npz", **(arrays | {"x": arrays["x"][:200], "y": arrays["y"][:200]}))
+    data = {
+        "dataset": "factory",
+        "factory": "tests.test_deploy:npz_data",
+        "kwargs": {"path": str(tmp_path / "run.npz")},
+    }
+    config = tiny_config(rounds=2, data=data, algorithm=ALGORITHMS["fedavg"] | {"fraction": 1.0})
+    grid = InProcessGrid(
+        config, HOSTS, tmp_path / "nodes", node_data={2: {"data.kwargs.path": str(tmp_path / "short.npz")}}
+    )
+    deployed = run_deployed(grid, ServerSettings(config, tmp_path / "deployed", False, 5.0))
+    assert {m.metadata.dst_node_id for m in grid.requests if m.metadata.message_type == "train"} == {1, 3}
+    assert [row["delivered_up"] for row in deployed.read_metrics()] == [0, 5, 10]  # 5 of the 8 clients
+    assert "node 2 is left out: its clients' sizes" in caplog.text
+
+
+def test_a_query_reply_names_each_client_with_its_size():
+    reply = protocol.query_reply({3: 40, 5: 0})
+    assert protocol.read_query_reply(reply) == {3: 40, 5: 0}
+    bad = protocol.query_reply({3: 40})
+    bad[protocol.RECORD]["sizes"] = [40, 2]
+    with pytest.raises(CodecError, match="1 clients and 2 sizes"):
+        protocol.read_query_reply(bad)

@@ -100,8 +100,7 @@ def serve_request(
     if request.client not in node.clients:
         raise DeployError(f"this node hosts clients {list(node.clients)}, not client {request.client}")
     setup = node_setup(str(context.run_config["taciturn-config"]), node.data)
-    if request.client >= setup.data.num_clients:
-        raise DeployError(f"client {request.client} does not exist: the run has {setup.data.num_clients}")
+    hosted_size(setup, request.client)
     store = NodeStateStore(node.state_dir / run_folder(context.run_config))  # runs never share state
     return request, serve_client(setup, store, request)
 
@@ -114,9 +113,17 @@ def train(message: Message, context: Context) -> Message:
 
 
 def query(message: Message, context: Context) -> Message:
-    """Which clients this node hosts (the server maps clients to nodes with it)."""
+    """Which clients this node hosts and their sizes on its data (the server maps clients to nodes
+    with it, and checks that the node's data splits as its own does)."""
     node = NodeSettings.from_node_config(context.node_config)
-    return Message(protocol.query_reply(node.clients), reply_to=message)
+    setup = node_setup(str(context.run_config["taciturn-config"]), node.data)
+    return Message(protocol.query_reply({c: hosted_size(setup, c) for c in node.clients}), reply_to=message)
+
+
+def hosted_size(setup: NodeSetup, client: int) -> int:
+    if client >= setup.data.num_clients:
+        raise DeployError(f"client {client} does not exist: the run has {setup.data.num_clients}")
+    return setup.data.client_size(client)
 
 
 def masked_reply(request: protocol.TrainRequest, uplink: TaciturnMessage | None) -> RecordDict:

@@ -4,9 +4,10 @@ hosts it through Flower's Grid, and what comes back is checked and reduced as in
 It is an executor (engine/executor.py) like the sequential one, so the round loop, the run
 directory, metrics, ledger, checkpoints and report are experiments/runner.py's, unchanged.
 
-* Clients to nodes: each node says which clients it hosts (a ``query`` message, protocol.py),
-  asked of every node the server has not heard from yet, at the start of each round; a node that
-  left is forgotten, and a restarted node is found again and takes its clients back.
+* Clients to nodes: each node says which clients it hosts and their sizes on its data (a
+  ``query`` message, protocol.py), asked of every node the server has not heard from yet, at the
+  start of each round; a node whose sizes are not the run's is left out (its data is another);
+  a node that left is forgotten, and a restarted node is found again and takes its clients back.
 * A round: one ``train`` message per picked client (an empty payload when the algorithm sends it
   nothing), pushed at once; replies are pulled until all are in or ``round_timeout`` passes. A
   client whose node is gone or silent past the timeout is dropped, exactly like a message the
@@ -112,11 +113,22 @@ class GridExecutor(Executor):
                 )
                 continue
             try:
-                clients = protocol.read_query_reply(reply.content)
+                sizes = protocol.read_query_reply(reply.content)
             except CodecError as error:
                 log.warning("node %d: malformed query reply: %s", reply.metadata.src_node_id, error)
                 continue
-            node = reply.metadata.src_node_id
+            node, clients = reply.metadata.src_node_id, list(sizes)
+            data = self.pipeline.data
+            expected = {c: data.client_size(c) if c < data.num_clients else None for c in clients}
+            if sizes != expected:  # it read other data, or split it otherwise: its updates would not fit
+                log.warning(
+                    "node %d is left out: its clients' sizes %s differ from the run's %s (the node's "
+                    "data is not the run's dataset, or it splits it otherwise)",
+                    node,
+                    sizes,
+                    expected,
+                )
+                continue
             if self.secagg is not None and len(clients) > 1:
                 raise DeployError(
                     f"node {node} hosts clients {list(clients)}; under [secagg] each node hosts one "

@@ -4,7 +4,7 @@ Every Flower message of a deployed run carries one ConfigRecord named ``taciturn
 
     train request (server -> node):  round, client, accepted, kept, payload
     train reply   (node -> server):  round, client, payload
-    query reply   (node -> server):  clients (the ids the node hosts)
+    query reply   (node -> server):  clients (the ids the node hosts), sizes (their n_k)
 
 ``payload`` is the codec's safetensors encoding of a taciturn Message (core/codec.py), or empty
 bytes for "no model": a downlink the algorithm left silent (event-based ADMM's unchanged z) or a
@@ -97,15 +97,21 @@ def read_reply(content: RecordDict) -> TrainReply:
     return TrainReply(_int(record, "round"), _int(record, "client"), _bytes(record, "payload"))
 
 
-def query_reply(clients: tuple[int, ...]) -> RecordDict:
-    return RecordDict({RECORD: ConfigRecord({"clients": list(clients)})})
+def query_reply(sizes: dict[int, int]) -> RecordDict:
+    """The clients a node hosts and the number of training samples each has on it."""
+    return RecordDict({RECORD: ConfigRecord({"clients": list(sizes), "sizes": list(sizes.values())})})
 
 
-def read_query_reply(content: RecordDict) -> tuple[int, ...]:
-    clients = _record(content).get("clients")
-    if not isinstance(clients, list) or not all(isinstance(c, int) and c >= 0 for c in clients):
-        raise CodecError(f"a query reply names its clients as a list of ids >= 0, got {clients!r}")
-    return tuple(clients)
+def read_query_reply(content: RecordDict) -> dict[int, int]:
+    """client -> its number of training samples on the node."""
+    record = _record(content)
+    clients, sizes = record.get("clients"), record.get("sizes")
+    for name, values in (("clients", clients), ("sizes", sizes)):
+        if not isinstance(values, list) or not all(isinstance(v, int) and v >= 0 for v in values):
+            raise CodecError(f"a query reply's {name} is a list of integers >= 0, got {values!r}")
+    if len(clients) != len(sizes):
+        raise CodecError(f"a query reply names {len(clients)} clients and {len(sizes)} sizes")
+    return dict(zip(clients, sizes, strict=True))
 
 
 def wire_size(message: Message) -> int:
