@@ -152,6 +152,24 @@ def test_bad_settings_fail_clearly():
         ServerSettings.from_run_config({"taciturn-config": "[channel]\ndrop_up = 0.1\n", "out": "/tmp/run"})
     with pytest.raises(DeployError, match="min-nodes"):
         ServerSettings.from_run_config({"taciturn-config": "", "out": "/tmp/run", "min-nodes": 0})
+    with pytest.raises(DeployError, match="not both"):
+        both = {"overwrite": True, "resume": True}
+        ServerSettings.from_run_config({"taciturn-config": "", "out": "/tmp/run"} | both)
+
+
+def test_a_resume_continues_only_the_run_it_started(tmp_path):
+    config = tiny_config(rounds=2)
+    deploy(config, tmp_path)
+    other = tiny_config(rounds=3)
+    grid = InProcessGrid(other, HOSTS, tmp_path / "nodes")
+    with pytest.raises(DeployError, match="another config"):
+        run_deployed(grid, ServerSettings(other, tmp_path / "deployed", False, 1.0, resume=True))
+    with pytest.raises(RunDirError, match="not a run directory"):
+        run_deployed(grid, ServerSettings(other, tmp_path / "none", False, 1.0, resume=True))
+    # the state folder is the run's (config and run directory), not Flower's run id
+    run = {"taciturn-config": "a", "out": "/r"}
+    assert run_folder(run) == run_folder(run | {"resume": True})
+    assert run_folder(run) != run_folder(run | {"out": "/s"})
 
 
 def test_app_folder_carries_the_config_flower_hands_the_server(tmp_path):
