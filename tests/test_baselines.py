@@ -269,3 +269,29 @@ def test_fedadmm_samples_its_fraction_and_starts_each_round_with_fresh_momentum(
     config = fedadmm.config
     assert (config.rho, config.per_agent_rho, config.persistent_momentum) == (0.5, False, False)
     assert config.delta == config.delta_z == 0.0 and config.local.momentum == 0.9
+
+
+def test_scaffold_client_sends_dy_and_dc_with_its_count_and_a_finite_loss_only():
+    """Option II, by hand: x = (1, 2), c = (0.5, 0), c_i = (0.25, 1): the correction c - c_i is
+    (0.25, -1); a mean objective gradient (1, 1) gives c_i+ = (0.75, 2), so dc = (0.5, 1)."""
+    from taciturn.algorithms.base import ClientContext, TrainResult
+    from taciturn.core import Streams
+
+    scaffold = Scaffold(ScaffoldConfig())
+    received = Message({"x/w": np.array([1.0, 2.0]), "c/w": np.array([0.5, 0.0])})
+    held = {"c/w": torch.tensor([0.25, 1.0], dtype=torch.float64)}
+    ctx = ClientContext(3, 2, received, held, 6, Streams(0), None, None)
+    work = scaffold.client_begin(ctx)
+    assert sorted(work.consts) == ["c_i", "correction"] and work.track_gradient
+    assert work.consts["correction"]["w"].tolist() == [0.25, -1.0]
+    trained = {"w": torch.tensor([0.5, 3.0], dtype=torch.float64)}
+    gradient = {"w": torch.tensor([1.0, 1.0], dtype=torch.float64)}
+    out = scaffold.client_end(ctx, work, TrainResult(trained, None, 4, 0.75, mean_gradient=gradient))
+    assert out.uplink.arrays["dy/w"].tolist() == [-0.5, 1.0] and out.uplink.arrays["dc/w"].tolist() == [
+        0.5,
+        1.0,
+    ]
+    assert dict(out.uplink.meta) == {"num_samples": 6, "train_loss": 0.75}
+    assert out.state["c/w"].tolist() == [0.75, 2.0]
+    nan = scaffold.client_end(ctx, work, TrainResult(trained, None, 4, float("nan"), mean_gradient=gradient))
+    assert dict(nan.uplink.meta) == {"num_samples": 6}

@@ -127,7 +127,7 @@ class Scaffold(Algorithm):
         c_i = strip_prefix("c", ctx.state) if ctx.state else zeros_like(x)
         return LocalTraining(
             params=x,
-            consts={"correction": sub(c, c_i), "c": c, "c_i": c_i},
+            consts={"correction": sub(c, c_i), "c_i": c_i},
             track_gradient=self.config.option == "II",
         )
 
