@@ -3,6 +3,7 @@
 import csv
 import dataclasses
 import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,31 @@ def test_node_state_is_the_version_the_server_names(tmp_path):
     assert store.settle(3, accepted=0, kept=0) is None  # none named: a fresh client
     assert versions(tmp_path) == ["client-1.round-4.safetensors"]
     assert (tmp_path / "notes.txt").exists()
+    with pytest.raises(DeployError, match="client 3's state after round 2, which the server names, is not"):
+        store.settle(3, accepted=2, kept=0)  # never a silent fresh start
+    store.save(6, 1, None)  # a client without state (FedAvg's) has an empty version
+    assert store.settle(6, accepted=1, kept=0) is None
+
+
+def test_a_named_state_the_node_lacks_fails_its_clients_loudly(tmp_path):
+    """Node 2's state-dir is lost while the server is down: after the resume its clients fail with
+    the reason, instead of training from a fresh state as if nothing happened."""
+    import shutil
+
+    config = tiny_config(rounds=4, algorithm=ALGORITHMS["scaffold"] | {"fraction": 1.0})
+    settings = ServerSettings(config, tmp_path / "run", False, 5.0)
+    with pytest.raises(ServerStopped):
+        run_deployed(InProcessGrid(config, HOSTS, tmp_path / "nodes", stop_in=3), settings)
+    shutil.rmtree(tmp_path / "nodes" / "node2")
+    resumed = run_deployed(
+        InProcessGrid(config, HOSTS, tmp_path / "nodes"), dataclasses.replace(settings, resume=True)
+    )
+    events = [json.loads(line) for line in resumed.events.read_text().splitlines()]
+    failed = {
+        (e["round"], e["client"]) for e in events if e["event"] == "failed" and "is not in" in e["reason"]
+    }
+    assert failed == {(r, c) for r in (3, 4) for c in (3, 4, 5)}
+    assert [row["failed"] for row in resumed.read_metrics()] == [0, 0, 0, 3, 6]
 
 
 def test_bad_settings_fail_clearly():

@@ -85,9 +85,8 @@ def serve_client(
     else:
         output = begun
     assert isinstance(output, ClientOutput)
-    after = state if output.state is None else output.state  # None: its state is unchanged
-    if after is not None:  # in effect once the server names this round (node_state.py)
-        store.save(client, request.round, after)
+    # in effect once the server names this round (node_state.py); None: its state is unchanged
+    store.save(client, request.round, state if output.state is None else output.state)
     return output.uplink
 
 

@@ -11,7 +11,10 @@ The server also names ``kept``: the version in effect at its last checkpoint. A 
 (``resume = true``, settings.py) starts again from that checkpoint and names that version, so the
 node keeps it, and every round the resumed server runs again overwrites the version it wrote the
 first time: a resumed run trains every client from exactly the state an uninterrupted one does.
-Every other version of the client is removed when a request arrives.
+Every other version of the client is removed when a request arrives. A client without state
+(FedAvg's) has empty versions, so a version the server names and the node lacks is always an
+error (its state-dir was lost or replaced, the client moved to another node, or the server resumed
+from an older checkpoint than its last), never a silent restart from a fresh state.
 
 Files (safetensors through the codec, written atomically: temporary file, fsync, rename):
     client-<id>.round-<r>.safetensors   the client's state after round r
@@ -28,6 +31,7 @@ from pathlib import Path
 from taciturn.core.codec import decode, encode
 from taciturn.core.message import Message
 from taciturn.core.state_store import ClientState
+from taciturn.deploy.settings import DeployError
 
 _VERSION = re.compile(r"client-(\d+)\.round-(\d+)\.safetensors")
 
@@ -42,13 +46,21 @@ class NodeStateStore:
 
     def load(self, client: int, round: int) -> ClientState | None:
         """The client's state after ``round`` (None: no state then, or round 0)."""
-        path = self._path(client, round)
-        if round == 0 or not path.exists():
+        if round == 0:
             return None
-        return {name: t.clone() for name, t in decode(path.read_bytes()).tensors().items()}
+        path = self._path(client, round)
+        if not path.exists():
+            raise DeployError(
+                f"client {client}'s state after round {round}, which the server names, is not in "
+                f"{self.folder}: this node's state-dir was lost or replaced, the client was hosted by "
+                "another node, or the server resumed from an older checkpoint than its last"
+            )
+        state = {name: t.clone() for name, t in decode(path.read_bytes()).tensors().items()}
+        return state or None
 
-    def save(self, client: int, round: int, state: ClientState) -> None:
-        _write_atomically(self._path(client, round), state)
+    def save(self, client: int, round: int, state: ClientState | None) -> None:
+        """The client's state after ``round`` (None: it has none, an empty version)."""
+        _write_atomically(self._path(client, round), state or {})
 
     def settle(self, client: int, accepted: int, kept: int) -> ClientState | None:
         """The state the client trains from (its version of round ``accepted``); every other
