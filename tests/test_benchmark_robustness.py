@@ -85,3 +85,57 @@ def test_docs_label_a_smoke_run_and_print_intervals_only_where_there_are_seeds(r
     assert "| 0.2 | 0.100 | 0.500 [0.252, 0.748] |" in written["body"]  # t_{2,.975} 0.1/sqrt(3) = 0.248
     assert "| 10 | 100 | 250 | 80 | 240 | 70 |" in written["body"]
     assert "--quick" in written["body"]
+
+
+def test_a_stored_run_is_reused_only_for_the_same_config(robustness, tmp_path):
+    log = tmp_path / "runs.jsonl"
+    config = {"seed": 0, "rounds": 5, "attack": {"kind": "scale", "fraction": 0.2}}
+    log.write_text(
+        '{"name": "a", "config": {"seed": 0, "rounds": 5, "attack": {"kind": "scale", "fraction": 0.2}}, '
+        '"accuracy": 0.5}\n'
+        '{"name": "a", "config": {"seed": 0, "rounds": 5, "attack": {"kind": "scale", "fraction": 0.2}}, '
+        '"accuracy": 0.61}\n'
+        '{"name": "b", "config": {"seed": 0, "rounds": 4}, "accuracy": 0.7}\n'
+    )
+    jobs = {"a": config, "b": {"seed": 0, "rounds": 5}, "c": config}
+    # a: the later line wins; b: its config changed since, so it runs again; c: never run
+    assert robustness.stored_accuracies(log, jobs) == {"a": 0.61}
+    assert robustness.stored_accuracies(tmp_path / "none.jsonl", jobs) == {}
+
+
+def test_the_target_picks_the_best_rule_and_asks_its_interval_to_clear_clean_minus_3_points(robustness):
+    results = {
+        "clean": 0.80,
+        "attacks": {
+            "sign_flip": {
+                "0.2": {
+                    "mean": {"mean": 0.10, "ci95": [0.05, 0.15]},
+                    "median": {"mean": 0.78, "ci95": [0.76, 0.80]},  # best; 0.76 < 0.77: not by interval
+                    "krum": {"mean": 0.70, "ci95": [0.69, 0.71]},
+                },
+                "0.1": {"mean": {"mean": 0.9, "ci95": None}},
+            },
+            "scale": {
+                "0.2": {
+                    "mean": {"mean": 0.05, "ci95": None},
+                    "median": {"mean": 0.76, "ci95": None},  # 4 points below: not held
+                }
+            },
+        },
+    }
+    rows = robustness.target(results)
+    assert rows == [
+        ["sign_flip", "0.100", "median", "0.780 [0.760, 0.800]", "+2.0", "yes", "no"],
+        ["scale", "0.050", "median", "0.760", "+4.0", "no", "n/a"],
+    ]
+
+
+def test_every_grid_cell_has_one_run_per_seed_and_distinct_names(robustness):
+    s = robustness.scale(quick=False)
+    jobs = robustness.attack_jobs(s) | robustness.privacy_jobs(s)
+    # 6 attacks x 3 fractions x 7 rules x 3 seeds, 3 clean runs, 5 epsilons x 3 seeds
+    assert len(jobs) == 6 * 3 * 7 * 3 + 3 + 5 * 3
+    assert len({name for name, _ in jobs.values()}) == len(jobs)
+    _, config = jobs[("little_is_enough", 0.3, "krum", 2)]
+    assert config["seed"] == 2 and config["aggregation"] == {"kind": "krum", "byzantine": 3}
+    assert config["attack"] == {"kind": "little_is_enough", "fraction": 0.3}

@@ -102,6 +102,9 @@ def test_the_projection_scales_the_measured_client_time_and_adds_the_transfers()
     assert one["round_s"] == pytest.approx(1250.0 + 0.32 + 3.52 + 0.05)
     assert four["workers"] == 32 and four["train_s"] == pytest.approx(32 * 10.0)  # ceil(1000 / 32) = 32
     assert four["round_s"] == pytest.approx(320.0 + 4 * 0.32 + 32 * 0.44 + 0.05)
+    # a Ray round measured faster than parallel's is noise, not a saving: it adds 0
+    noisy = scaleout.projection(client_s=0.01, params=100_000, ray_per_round_s=-0.016)[0]
+    assert noisy["ray_s"] == 0.0 and noisy["round_s"] == pytest.approx(1250.0 + 0.32 + 3.52)
 
 
 def test_the_docs_section_shows_the_medians_targets_costs_and_projection():
