@@ -12,7 +12,9 @@ from taciturn.rl import FedQ, FedQFederation
 from tests.benchmark_module import load_benchmark
 
 
-def test_the_benchmark_produces_the_issue_schema_plots_and_docs_at_micro_scale(tmp_path):
+@pytest.fixture(scope="module")
+def micro(tmp_path_factory):
+    """Both parts of the benchmark at micro scale, run once: (module, results, plot folder)."""
     bench = load_benchmark("fedq")
     scale = bench.Scale(
         paths=1,
@@ -21,17 +23,52 @@ def test_the_benchmark_produces_the_issue_schema_plots_and_docs_at_micro_scale(t
         icml_agents=(1, 2),
         sweep_episodes=250,
         sweep_values=(2, 4),
+        instances=2,
+        instance_paths=1,
+        windows=((20, 100),),
     )
-    results = bench.run(scale, tmp_path, Console(file=io.StringIO()))
+    out = tmp_path_factory.mktemp("fedq")
+    return bench, bench.run(scale, out, Console(file=io.StringIO())), out
+
+
+def test_the_benchmark_produces_the_issue_schema_plots_and_docs_at_micro_scale(micro):
+    bench, results, out = micro
     assert {k: set(v) for k, v in results["round_slopes"].items()} == {q: {"2", "4"} for q in "MSA"}
     assert {k: set(v) for k, v in results["regret"].items()} == {s: {"1", "2"} for s in bench.SETTINGS}
     assert all(r > 0 for by_m in results["regret"].values() for r in by_m.values())
     names = set(results["iclr"]["normalised_regret"])
     assert names == {"FedQ-H (M=10)", "FedQ-B (M=10)", "UCB-H (M=1)", "UCB-B (M=1)"}
-    for png in ("fedq_iclr.png", "fedq_icml_regret.png", "fedq_icml_rounds.png"):
-        assert (tmp_path / png).stat().st_size > 1000
+    for png in ("fedq_iclr.png", "fedq_icml_regret.png", "fedq_icml_rounds.png", "fedq_instances.png"):
+        assert (out / png).stat().st_size > 1000
     text = bench.markdown(results)
     assert text.startswith(bench.SECTION) and bench.COMMAND in text and "| FedQ-H (M=10) |" in text
+    assert "Sensitivity: mean slope" in text and f"{bench.COMMAND} --instances-only" in text
+    without = {k: v for k, v in results.items() if k != "instances"}
+    assert "Not yet run at full scale" in bench.markdown(without)
+
+
+def test_instance_zero_with_one_path_reproduces_the_single_mdp_part_and_other_instances_differ(micro):
+    """Instance 0, path seed 0, is the single-MDP part's MDP and first path: the same numbers."""
+    _, results, _ = micro
+    head, rounds = results["instances"]["headline"], results["instances"]["rounds"]
+    for name, quantiles in results["iclr"]["normalised_regret"].items():
+        assert head["per_instance"][name]["normalised_regret"][0] == pytest.approx(
+            quantiles["median"], rel=1e-12
+        )
+    for name in ("FedQ-H (M=10)", "FedQ-B (M=10)"):
+        assert head["per_instance"][name]["rounds"][0] == results["iclr"]["facts"][name]["rounds"]
+    assert rounds["windows"] == ["12.5-250", "20-100"] and rounds["paper_window"] == "12.5-250"
+    configs = {(r["S"], r["A"], r["M"], r["instance"]) for r in rounds["runs"]}
+    assert configs == {
+        (S, A, M, i) for S, A, M in ((2, 2, 2), (2, 2, 4), (4, 2, 2), (2, 4, 2)) for i in (0, 1)
+    }
+    base = {r["instance"]: r for r in rounds["runs"] if (r["S"], r["A"], r["M"]) == (2, 2, 2)}
+    assert base[0]["slopes"]["12.5-250"] == pytest.approx(
+        results["icml_rounds"]["slopes"]["M"]["2"], rel=1e-12
+    )
+    assert base[0]["delta_min"] == results["icml_rounds"]["delta_min"]["M"]["2"]
+    assert base[1]["delta_min"] != base[0]["delta_min"]
+    assert head["delta_min"][0] == results["iclr"]["mdp"]["delta_min"] != head["delta_min"][1]
 
 
 def test_a_paths_regret_and_rounds_at_given_episode_counts():

@@ -20,6 +20,14 @@ def test_log_slope_fits_only_the_points_from_start_on():
     assert log_slope(EPISODES, VALUES, 0) == pytest.approx(7 / (5 * math.log(10)), rel=1e-12)
 
 
+def test_log_slope_fits_only_the_points_inside_a_closed_window():
+    # [100, 1000]: two points, (3 - 1) / ln 10; [10, 1000]: three equally spaced, (3 - 0) / (2 ln 10)
+    assert log_slope(EPISODES, VALUES, 100, 1000) == pytest.approx(2 / math.log(10), rel=1e-12)
+    assert log_slope(EPISODES, VALUES, 10, 1000) == pytest.approx(3 / (2 * math.log(10)), rel=1e-12)
+    assert log_slope(EPISODES, VALUES, 0, 1e9) == log_slope(EPISODES, VALUES, 0)  # a window past the end
+    assert math.isnan(log_slope(EPISODES, VALUES, 100, 500))  # one point inside
+
+
 def test_log_slope_is_nan_without_two_distinct_points():
     assert math.isnan(log_slope(EPISODES, VALUES, 5000))  # one point
     assert math.isnan(log_slope(np.array([100, 100, 100]), np.array([1.0, 2.0, 3.0]), 0))  # one x

@@ -5,14 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 
-def log_slope(episodes: np.ndarray, values: np.ndarray, start: float) -> float:
-    """The least-squares slope of ``values`` against ln(episodes), over episodes >= ``start``.
+def log_slope(episodes: np.ndarray, values: np.ndarray, start: float, stop: float = np.inf) -> float:
+    """The least-squares slope of ``values`` against ln(episodes), over start <= episodes <= stop.
 
     The ICML 2025 paper fits rounds against log(#episodes) counted after 5e5 episodes: the slope
-    is the coefficient of log T in the number of rounds (nan with fewer than two points).
+    is the coefficient of log T in the number of rounds (nan with fewer than two points). ``stop``
+    closes the fit window, to see how the slope depends on where it is fitted.
     """
     episodes, values = np.asarray(episodes, dtype=np.float64), np.asarray(values, dtype=np.float64)
-    keep = episodes >= start
+    keep = (episodes >= start) & (episodes <= stop)
     if keep.sum() < 2 or np.ptp(np.log(episodes[keep])) == 0:
         return float("nan")
     return float(np.polyfit(np.log(episodes[keep]), values[keep], 1)[0])
