@@ -1,6 +1,7 @@
 """The FedQ benchmark's pipeline at micro scale (the numbers live in docs/benchmarks.md)."""
 
 import io
+import json
 
 import numpy as np
 import pytest
@@ -120,3 +121,35 @@ def test_run_fedq_totals_are_the_rounds_records_and_the_ledgers_bytes():
     rows = ledger.rows()
     assert path.bytes_up == sum(r["bytes_sent"] for r in rows if r["direction"] == Direction.UP.value)
     assert path.bytes_down == sum(r["bytes_sent"] for r in rows if r["direction"] == Direction.DOWN.value)
+
+
+def test_instances_only_adds_its_key_to_the_saved_results_and_keeps_the_others(tmp_path, monkeypatch):
+    bench = load_benchmark("fedq")
+    monkeypatch.setattr(bench, "ROOT", tmp_path)
+    with pytest.raises(SystemExit):  # nothing saved yet: a clear error before any work
+        bench.main(["--instances-only"])
+    saved = {"command": "old", "paths": 10, "iclr": {"a": 1}, "round_slopes": {"M": {"2": 6.6}}}
+    path = tmp_path / "benchmarks" / "results" / "fedq.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(saved))
+    micro = bench.Scale(
+        paths=1,
+        iclr_episodes=20,
+        icml_episodes={},
+        icml_agents=(1,),
+        sweep_episodes=100,
+        sweep_values=(2,),
+        instances=2,
+        instance_paths=1,
+        windows=(),
+    )
+    written = []
+    monkeypatch.setattr(bench, "FULL", micro)
+    monkeypatch.setattr(bench, "write_docs", written.append)
+    assert bench.main(["--instances-only"]) == 0
+    results = json.loads(path.read_text())
+    assert {k: results[k] for k in saved} == saved
+    assert set(results) == {*saved, "instances"} and results["instances"]["count"] == 2
+    assert [set(w) for w in written] == [set(results)] and (
+        tmp_path / "docs" / "img" / "fedq_instances.png"
+    ).exists()
