@@ -23,13 +23,27 @@ regenerating the bases; the same numbers, bit for bit).
                                            # generated part of the Ferret section of docs/benchmarks.md
     python benchmarks/ferret.py --quick    # smoke run of the same protocol on a tiny random byte-level
                                            # Llama; writes benchmarks/results/ferret_smoke.json only
+
+Speed (issue 20's target: a Ferret round on SmolLM2-135M within 1.5x of a FedAvg round on this
+CPU, FedKSeed's beside them): ``--speed`` runs FedAvg, Ferret and FedKSeed back to back in one
+process on the NI-style split, one seed, 5 clients a round, ``--rounds`` rounds (default 3) and no
+evaluation; per method the seconds of round 1 (first calls, allocations: reported apart) and the
+median over the later rounds, the ratio to FedAvg, the parts of a round (projection,
+reconstruction, local training, the rest) and peak RSS. One seed: a speed measurement, not a
+claim about quality.
+
+    python benchmarks/ferret.py --speed            # SmolLM2-135M; writes benchmarks/results/ferret_speed.json
+    python benchmarks/ferret.py --quick --speed    # smoke; writes benchmarks/results/ferret_speed_smoke.json
+Both write the generated speed part of the Ferret section of docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
+import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -48,6 +62,7 @@ from taciturn.core.rng import SERVER, Streams
 from taciturn.data.instructions import TASKS
 from taciturn.data.tokens import IGNORE, collate, encode_example
 from taciturn.engine import ClientPipeline, Federation, SequentialExecutor
+from taciturn.engine.executor import LoopTrainer
 from taciturn.experiments.config import RunConfig, validate
 from taciturn.experiments.runner import build_task
 
@@ -188,6 +203,7 @@ class Timer:
 
     def wrap(self, obj, method: str, label: str) -> None:
         inner = getattr(obj, method)
+        self.seconds.setdefault(label, 0.0)  # every round reports every part, if only as 0
 
         def timed(*args, **kwargs):
             started = time.perf_counter()
@@ -199,43 +215,73 @@ class Timer:
         setattr(obj, method, timed)
 
 
+class TimedExecutor(SequentialExecutor):
+    """The sequential executor, its clients' local training (the trainer's steps) timed as a part
+    of the round. FedKSeed takes its zeroth-order steps in client_begin, outside the trainer."""
+
+    def __init__(self, pipeline: ClientPipeline, timer: Timer):
+        super().__init__(pipeline)
+        self.trainer = LoopTrainer()
+        timer.wrap(self.trainer, "train", "local training")
+
+    def serve(self, round, clients, downlink, spec):
+        return self.pipeline.serve(round, clients, downlink, spec, self.trainer)
+
+
 def run_method(
-    scale: Scale, split: str, seed: int, name: str, task, data, initial: dict, rounds: int
+    scale: Scale,
+    split: str,
+    seed: int,
+    name: str,
+    task,
+    data,
+    initial: dict,
+    rounds: int,
+    evaluate: bool = True,
 ) -> dict:
+    """One method's federation for ``rounds`` rounds. Only ``run_round`` is timed; with
+    ``evaluate`` the held-out loss after every round and the final model's per-example scores."""
     config = config_for(scale, split, seed, scale.methods[name])
     streams = Streams(config.seed)
     algorithm = build_algorithm(config.algorithm)
     ledger = Ledger()
     channel = Channel(ledger, streams)
     pipeline = ClientPipeline(algorithm, channel, MemoryStateStore(), streams, data, task.loss)
-    federation = Federation(algorithm, SequentialExecutor(pipeline), streams, data)
     timer = Timer()
+    federation = Federation(algorithm, TimedExecutor(pipeline, timer), streams, data)
     if hasattr(algorithm, "bases"):  # the pipeline gave the algorithm its streams
         timer.wrap(algorithm.bases, "project", "projection")
         timer.wrap(algorithm.bases, "reconstruct", "reconstruction")
     peak_rss_reset()
     state = algorithm.init_server(initial, data.num_clients)
-    seconds, losses = [], [task.test_loss(initial)]
+    seconds, parts = [], []
+    losses = [task.test_loss(initial)] if evaluate else []
     for round in range(1, rounds + 1):
+        before = dict(timer.seconds)
         started = time.perf_counter()
         state, report = federation.run_round(state, round)
         seconds.append(time.perf_counter() - started)
+        parts.append({k: v - before[k] for k, v in timer.seconds.items()})
         if len(report.failed) or len(report.rejected):
             raise RuntimeError(f"{name}, round {round}: failed {report.failed}, rejected {report.rejected}")
-        losses.append(task.test_loss(algorithm.global_params(state)))
+        if evaluate:
+            losses.append(task.test_loss(algorithm.global_params(state)))
     up, down = ledger.totals(Direction.UP), ledger.totals(Direction.DOWN)
     result = {
         "bytes_up_per_client_round": up.bytes_sent / up.messages_sent,
         "bytes_down_per_client_round": down.bytes_sent / down.messages_sent,
         "s_per_round": sum(seconds) / len(seconds),
+        "s_by_round": seconds,
+        "s_parts_by_round": parts,
+        "s_per_round_parts": {k: v / rounds for k, v in timer.seconds.items()},
         "peak_rss_gib": peak_rss_gib(),
-        "test_loss_by_round": losses,
         "settings": config.algorithm.model_dump(mode="json"),
     }
-    if timer.seconds:
-        result["s_per_round_parts"] = {k: v / rounds for k, v in timer.seconds.items()}
+    if evaluate:
+        result["test_loss_by_round"] = losses
+    if hasattr(algorithm, "cache"):
         result["catch_ups_from_cache"] = algorithm.cache.hits
-    if name not in scale.timing_only:
+    if evaluate and name not in scale.timing_only:
         result["examples"] = per_example(task, algorithm.global_params(state))
     return result
 
@@ -330,10 +376,38 @@ def summarize(runs: dict[str, list[dict]], initial: list[dict], rng: np.random.G
     }
 
 
-def run(scale: Scale) -> dict:
-    torch.set_num_threads(2)
-    import scipy.integrate  # noqa: F401  (rho_l of truncated normals: imported once, before any timing)
+THREADS = 2  # the machine's cores
 
+
+def prepare() -> None:
+    """Before any timing: torch on the machine's cores, and scipy (rho_l of truncated normals) imported."""
+    torch.set_num_threads(THREADS)
+    import scipy.integrate  # noqa: F401
+
+
+def load(scale: Scale, split: str, seed: int) -> tuple:
+    """(task, client data, initial parameters, seconds it took) of one split and seed."""
+    config = config_for(scale, split, seed, scale.methods["fedavg"])
+    started = time.perf_counter()
+    task, data = build_task(config, Streams(seed))
+    initial = task.init_params(Streams(seed).torch(0, SERVER, "init"))
+    seconds = time.perf_counter() - started
+    console.print(
+        f"[{split}, seed {seed}] {num_elements(initial):,} parameters (loaded in {seconds:.0f} s), "
+        f"{data.num_clients} clients, {scale.clients_per_round} a round, {scale.rounds} rounds, "
+        f"{len(task.test)} held-out examples"
+    )
+    return task, data, initial, seconds
+
+
+def model_label(scale: Scale) -> str:
+    if scale.model["source"] == "gguf":
+        return "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)"
+    return f"tiny random Llama over bytes ({scale.model['hidden']} wide, {scale.model['layers']} layer)"
+
+
+def run(scale: Scale) -> dict:
+    prepare()
     results: dict = {"scale": scale.label, "seeds": len(scale.seeds), "rounds": scale.rounds}
     results["clients_per_round"] = scale.clients_per_round
     rng = np.random.default_rng(0)
@@ -341,16 +415,7 @@ def run(scale: Scale) -> dict:
         runs: dict[str, list[dict]] = defaultdict(list)
         initial_examples = []
         for seed in scale.seeds:
-            config = config_for(scale, split, seed, scale.methods["fedavg"])
-            started = time.perf_counter()
-            task, data = build_task(config, Streams(seed))
-            initial = task.init_params(Streams(seed).torch(0, SERVER, "init"))
-            console.print(
-                f"[{split}, seed {seed}] {num_elements(initial):,} parameters (loaded in "
-                f"{time.perf_counter() - started:.0f} s), {data.num_clients} clients, "
-                f"{scale.clients_per_round} a round, {scale.rounds} rounds, "
-                f"{len(task.test)} held-out examples"
-            )
+            task, data, initial, _ = load(scale, split, seed)
             initial_examples.append(per_example(task, initial))
             for name in scale.methods:
                 if name in scale.timing_only and (seed != scale.seeds[0] or split_index > 0):
@@ -363,12 +428,8 @@ def run(scale: Scale) -> dict:
                 )
         summary = summarize(runs, initial_examples, rng)
         if split_index == 0:  # the NI-style split keeps the file's original top-level keys
-            width, depth = scale.model.get("hidden"), scale.model.get("layers")
-            tiny = f"tiny random Llama over bytes ({width} wide, {depth} layer)"
             results.update(
-                model="SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)"
-                if scale.model["source"] == "gguf"
-                else tiny,
+                model=model_label(scale),
                 params=num_elements(initial),
                 clients=data.num_clients,
                 **summary,
@@ -482,6 +543,7 @@ def time_table(results: dict) -> str:
                 f"{m['s_per_round_ratio_to_fedavg']:.2f}",
                 f"{parts['projection']:.2f}" if "projection" in parts else "",
                 f"{parts['reconstruction']:.2f}" if "reconstruction" in parts else "",
+                f"{parts['local training']:.2f}" if "local training" in parts else "",
                 f"{m.get('catch_ups_from_cache', '')}",
                 m["seeds_run"],
             ]
@@ -492,6 +554,7 @@ def time_table(results: dict) -> str:
         "x FedAvg",
         "projection s",
         "reconstruction s",
+        "local training s",
         "catch-ups from cache",
         "seeds",
     ]
@@ -522,7 +585,8 @@ examples of {NI_HELDOUT} unseen tasks per seed, summed over seeds):
 
 **Where a round's time goes** (NI-style split; projection and reconstruction are the seconds per
 round spent in `Bases.project` by all the round's clients and in `Bases.reconstruct` by the server
-and the clients catching up without the cache; the rest is local training, evaluation excluded):
+and the clients catching up without the cache; local training is the trainer's steps, which
+FedKSeed's zeroth-order steps bypass; evaluation excluded):
 
 {time_table(results)}
 
@@ -532,17 +596,182 @@ Ferret's bytes per client and round."""
     replace_section("ferret", body, "Ferret, FedKSeed and full-parameter FedAvg on a language model")
 
 
+# ----- speed: issue 20's target, Ferret's round against FedAvg's, FedKSeed's beside them -----
+SPEED_METHODS = ("fedavg", "ferret", "fedkseed")  # FedKSeed last: Ferret and FedAvg run close in time
+SPEED_SPLIT = "ni"
+SPEED_ROUNDS = 3
+TARGET = 1.5  # issue 20: a Ferret round on SmolLM2-135M at most 1.5x a FedAvg round on this CPU
+
+
+def after_first(values: list[float]) -> float:
+    """The median over the rounds after the first (round 1 pays first calls and allocations)."""
+    if len(values) < 2:
+        raise ValueError(f"{len(values)} round(s): the median after round 1 needs at least 2")
+    return float(np.median(values[1:]))
+
+
+def speed_method(result: dict) -> dict:
+    """One method's timings from run_method: round 1 apart, medians over the later rounds. Each
+    part's median is taken on its own, so the parts need not add up to the round's median; "other"
+    is a round less its timed parts (downlink, uplink, aggregation outside reconstruction, client
+    bookkeeping and, for FedKSeed, its zeroth-order steps and replay, which run in client_begin)."""
+    rounds, timed = result["s_by_round"], result["s_parts_by_round"]
+    parts = [{**p, "other": s - sum(p.values())} for s, p in zip(rounds, timed, strict=True)]
+    out = {
+        "s_round_1": rounds[0],
+        "s_per_round": after_first(rounds),
+        "s_by_round": rounds,
+        "s_per_round_parts": {k: after_first([p[k] for p in parts]) for k in parts[0]},
+        "s_parts_by_round": parts,
+        "peak_rss_gib": result["peak_rss_gib"],
+        "bytes_up_per_client_round": result["bytes_up_per_client_round"],
+        "bytes_down_per_client_round": result["bytes_down_per_client_round"],
+        "settings": result["settings"],
+    }
+    if "catch_ups_from_cache" in result:
+        out["catch_ups_from_cache"] = result["catch_ups_from_cache"]
+    return out
+
+
+def speed_summary(runs: dict[str, dict], scale: str) -> dict:
+    """Every method's timings, its ratio to FedAvg, and the target: held or not on the full scale;
+    None on a smoke run (the target is about SmolLM2-135M)."""
+    methods = {name: speed_method(result) for name, result in runs.items()}
+    for m in methods.values():
+        m["s_per_round_ratio_to_fedavg"] = m["s_per_round"] / methods["fedavg"]["s_per_round"]
+    ratio = methods["ferret"]["s_per_round_ratio_to_fedavg"]
+    fedkseed, ferret = methods["fedkseed"]["s_per_round"], methods["ferret"]["s_per_round"]
+    return {
+        "target": {
+            "ferret_over_fedavg_at_most": TARGET,
+            "ferret_over_fedavg": ratio,
+            "held": ratio <= TARGET if scale == "full" else None,
+        },
+        "fedkseed_over_ferret_s_per_round": fedkseed / ferret,
+        "methods": methods,
+    }
+
+
+def speed_verdict(target: dict, scale: str, rounds: int) -> str:
+    ratio, bound = target["ferret_over_fedavg"], target["ferret_over_fedavg_at_most"]
+    if scale != "full":
+        return (
+            f"Smoke run on a tiny random model: a Ferret round took {ratio:.3f}x a FedAvg round here. "
+            f"The {bound}x target is about SmolLM2-135M and this run does not assess it."
+        )
+    word = "held" if target["held"] else "did not hold"
+    return (
+        f"**The {bound}x target {word} in this run**: a Ferret round took {ratio:.3f}x a FedAvg round "
+        f"(target: at most {bound}x; one seed, the median of rounds 2-{rounds}, no interval)."
+    )
+
+
+def run_speed(scale: Scale, rounds: int, command: str) -> dict:
+    """The speed methods back to back in this process, on one seed of the NI-style split, no evaluation."""
+    prepare()
+    scale = dataclasses.replace(scale, rounds=rounds, seeds=scale.seeds[:1])
+    seed = scale.seeds[0]
+    task, data, initial, load_s = load(scale, SPEED_SPLIT, seed)
+    load_before = os.getloadavg()[0]
+    runs = {}
+    for name in SPEED_METHODS:
+        runs[name] = run_method(scale, SPEED_SPLIT, seed, name, task, data, initial, rounds, evaluate=False)
+        console.print(f"  {name}: s by round {', '.join(f'{s:.2f}' for s in runs[name]['s_by_round'])}")
+    return {
+        "command": command,
+        "kind": "speed measurement: one seed, no evaluation; not a claim about quality",
+        "scale": scale.label,
+        "model": model_label(scale),
+        "params": num_elements(initial),
+        "split": SPEED_SPLIT,
+        "seed": seed,
+        "clients": data.num_clients,
+        "clients_per_round": scale.clients_per_round,
+        "rounds": rounds,
+        "order": list(SPEED_METHODS),
+        "threads": THREADS,
+        "cores": os.cpu_count(),
+        "load_average": {"before": load_before, "after": os.getloadavg()[0]},
+        "load_s": load_s,
+        **speed_summary(runs, scale.label),
+    }
+
+
+def speed_table(methods: dict) -> str:
+    rows = []
+    for name, m in methods.items():
+        parts = m["s_per_round_parts"]
+        rows.append(
+            [name, f"{m['s_round_1']:.2f}", f"{m['s_per_round']:.2f}"]
+            + [f"{m['s_per_round_ratio_to_fedavg']:.2f}"]
+            + [f"{parts[k]:.2f}" if k in parts else "" for k in ("projection", "reconstruction")]
+            + [f"{parts['local training']:.2f}", f"{parts['other']:.2f}", f"{m['peak_rss_gib']:.2f}"]
+            + [f"{m['bytes_up_per_client_round']:,.0f} / {m['bytes_down_per_client_round']:,.0f}"]
+        )
+    header = ["method", "round 1 s", "s / round", "x FedAvg", "projection s", "reconstruction s"]
+    header += ["local training s", "other s", "peak RSS GiB", "bytes up / down per client"]
+    return markdown_table(header, rows)
+
+
+def speed_body(results: dict, name: str) -> str:
+    rounds, load = results["rounds"], results["load_average"]
+    ferret = results["methods"]["ferret"]
+    total = ferret["s_per_round"]
+    shares = ", ".join(f"{k} {v:.2f} s ({v / total:.0%})" for k, v in ferret["s_per_round_parts"].items())
+    return f"""Generated by `{results["command"]}` (scale: **{results["scale"]}**; numbers in
+`benchmarks/results/{name}`). **A speed measurement on one seed, not a claim about quality**: no
+evaluation ran. Model: {results["model"]}, {results["params"]:,} parameters; NI-style split,
+{results["clients"]} clients, {results["clients_per_round"]} a round, seed {results["seed"]},
+{rounds} rounds. The methods ran back to back in one process ({", ".join(results["order"])}),
+torch on {results["threads"]} threads, {results["cores"]} cores; load average {load["before"]:.1f}
+before the first method, {load["after"]:.1f} after the last. "s / round" is the median over rounds
+2-{rounds}; round 1 (first calls, allocations) is reported apart. The parts are medians taken one by one
+(so they need not add up): projection in `Bases.project`, reconstruction in `Bases.reconstruct`
+(server and catch-ups that miss the cache), local training in the trainer's steps, and the rest.
+
+{speed_table(results["methods"])}
+
+{speed_verdict(results["target"], results["scale"], rounds)}
+
+Where Ferret's round goes: {shares} of its {total:.2f} s. FedKSeed's round takes
+{results["fedkseed_over_ferret_s_per_round"]:.2f}x Ferret's; its zeroth-order steps and replay
+run in its client_begin, outside the trainer, so they count as "other"."""
+
+
+def write_speed_docs(results: dict, name: str) -> None:
+    replace_section("ferret_speed", speed_body(results, name), "Ferret's round against FedAvg's: speed")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="the smoke run on a tiny random model")
+    parser.add_argument("--speed", action="store_true", help="the speed run: one seed, no evaluation")
+    parser.add_argument(
+        "--rounds", type=int, help=f"rounds of the speed run (default {SPEED_ROUNDS}, at least 2)"
+    )
     parser.add_argument("--docs-only", action="store_true", help="rewrite the docs from the saved results")
     args = parser.parse_args()
-    name = "ferret_smoke.json" if args.quick else "ferret.json"
+    if args.rounds is not None and not args.speed:
+        parser.error("--rounds sets the speed run's rounds: add --speed")
+    rounds = SPEED_ROUNDS if args.rounds is None else args.rounds
+    if rounds < 2:
+        parser.error(f"--rounds {rounds}: the speed run reports round 1 apart and needs at least 2")
+    name = f"ferret{'_speed' if args.speed else ''}{'_smoke' if args.quick else ''}.json"
     path = ROOT / "benchmarks" / "results" / name
     if args.docs_only:
-        write_docs(json.loads(path.read_text()), name)
+        (write_speed_docs if args.speed else write_docs)(json.loads(path.read_text()), name)
+        return
+    if args.speed:
+        flags = (" --quick" if args.quick else "") + " --speed"
+        flags += f" --rounds {rounds}" if rounds != SPEED_ROUNDS else ""
+        results = run_speed(QUICK if args.quick else FULL, rounds, COMMAND + flags)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=1))
+        write_speed_docs(results, name)
+        console.print(speed_verdict(results["target"], results["scale"], rounds))
+        console.print(f"wrote {path} and the generated speed part of docs/benchmarks.md")
         return
     results = run(QUICK if args.quick else FULL)
     path.parent.mkdir(parents=True, exist_ok=True)

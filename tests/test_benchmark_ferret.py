@@ -51,3 +51,116 @@ def test_paired_differences_cancel_what_methods_share_and_conclusions_follow_the
     assert "shifted is better than FedAvg on Rouge-L" in lines[0]
     assert "no conclusion on held-out loss" in lines[1]
     assert "not a claim" in bench.conclusions(split, "smoke")[0]
+
+
+# ----- the speed run (--speed) -----
+def timed_run(seconds, parts):
+    return {
+        "s_by_round": seconds,
+        "s_parts_by_round": parts,
+        "peak_rss_gib": 1.25,
+        "bytes_up_per_client_round": 10.0,
+        "bytes_down_per_client_round": 20.0,
+        "settings": {},
+    }
+
+
+def speed_runs():
+    fedavg = timed_run([10.0, 4.0, 6.0], [{"local training": t} for t in (8.0, 3.0, 5.0)])
+    ferret = timed_run(
+        [20.0, 7.0, 8.0],
+        [
+            {"local training": 10.0, "projection": 3.0, "reconstruction": 1.0},
+            {"local training": 3.0, "projection": 1.0, "reconstruction": 0.5},
+            {"local training": 4.0, "projection": 2.0, "reconstruction": 0.5},
+        ],
+    )
+    ferret["catch_ups_from_cache"] = 4
+    fedkseed = timed_run([50.0, 30.0, 40.0], [{"local training": 0.0}] * 3)
+    return {"fedavg": fedavg, "ferret": ferret, "fedkseed": fedkseed}
+
+
+def test_after_first_is_the_median_of_the_rounds_after_round_one():
+    bench = load_benchmark("ferret")
+    assert bench.after_first([100.0, 3.0, 5.0, 4.0]) == 4.0
+    assert bench.after_first([100.0, 2.0, 3.0]) == 2.5
+    with pytest.raises(ValueError, match="at least 2"):
+        bench.after_first([1.0])
+
+
+def test_speed_summary_keeps_round_one_apart_and_takes_each_part_median_on_its_own():
+    bench = load_benchmark("ferret")
+    summary = bench.speed_summary(speed_runs(), "full")
+    ferret = summary["methods"]["ferret"]
+    # other = round - timed parts: 20 - 14 = 6, 7 - 4.5 = 2.5, 8 - 6.5 = 1.5
+    assert ferret == {
+        "s_round_1": 20.0,
+        "s_per_round": 7.5,
+        "s_by_round": [20.0, 7.0, 8.0],
+        "s_per_round_parts": {"local training": 3.5, "projection": 1.5, "reconstruction": 0.5, "other": 2.0},
+        "s_parts_by_round": [
+            {"local training": 10.0, "projection": 3.0, "reconstruction": 1.0, "other": 6.0},
+            {"local training": 3.0, "projection": 1.0, "reconstruction": 0.5, "other": 2.5},
+            {"local training": 4.0, "projection": 2.0, "reconstruction": 0.5, "other": 1.5},
+        ],
+        "peak_rss_gib": 1.25,
+        "bytes_up_per_client_round": 10.0,
+        "bytes_down_per_client_round": 20.0,
+        "settings": {},
+        "catch_ups_from_cache": 4,
+        "s_per_round_ratio_to_fedavg": 1.5,  # 7.5 / median(4, 6)
+    }
+    fedavg = summary["methods"]["fedavg"]
+    assert fedavg["s_per_round_parts"] == {"local training": 4.0, "other": 1.0}
+    assert fedavg["s_per_round_ratio_to_fedavg"] == 1.0
+    assert summary["methods"]["fedkseed"]["s_per_round_parts"] == {"local training": 0.0, "other": 35.0}
+    assert list(summary) == ["target", "fedkseed_over_ferret_s_per_round", "methods"]
+    assert summary["target"] == {"ferret_over_fedavg_at_most": 1.5, "ferret_over_fedavg": 1.5, "held": True}
+    assert summary["fedkseed_over_ferret_s_per_round"] == pytest.approx(35.0 / 7.5)
+    # a smoke run does not assess a target set for SmolLM2-135M
+    assert bench.speed_summary(speed_runs(), "smoke")["target"]["held"] is None
+
+
+def test_speed_verdict_states_whether_the_target_held_and_labels_the_evidence():
+    bench = load_benchmark("ferret")
+    held = {"ferret_over_fedavg_at_most": 1.5, "ferret_over_fedavg": 1.5, "held": True}
+    assert bench.speed_verdict(held, "full", 3) == (
+        "**The 1.5x target held in this run**: a Ferret round took 1.500x a FedAvg round "
+        "(target: at most 1.5x; one seed, the median of rounds 2-3, no interval)."
+    )
+    missed = {"ferret_over_fedavg_at_most": 1.5, "ferret_over_fedavg": 1.6125, "held": False}
+    assert bench.speed_verdict(missed, "full", 5) == (
+        "**The 1.5x target did not hold in this run**: a Ferret round took 1.613x a FedAvg round "
+        "(target: at most 1.5x; one seed, the median of rounds 2-5, no interval)."
+    )
+    smoke = {**missed, "held": None}
+    assert bench.speed_verdict(smoke, "smoke", 3) == (
+        "Smoke run on a tiny random model: a Ferret round took 1.613x a FedAvg round here. "
+        "The 1.5x target is about SmolLM2-135M and this run does not assess it."
+    )
+
+
+def test_speed_docs_block_tables_every_method_and_says_it_is_no_quality_claim():
+    bench = load_benchmark("ferret")
+    results = {
+        "command": "python benchmarks/ferret.py --speed",
+        "scale": "full",
+        "model": "M",
+        "params": 1000,
+        "seed": 0,
+        "clients": 17,
+        "clients_per_round": 5,
+        "rounds": 3,
+        "order": ["fedavg", "ferret", "fedkseed"],
+        "threads": 2,
+        "cores": 2,
+        "load_average": {"before": 0.5, "after": 1.0},
+        **bench.speed_summary(speed_runs(), "full"),
+    }
+    body = bench.speed_body(results, "ferret_speed.json")
+    assert "**A speed measurement on one seed, not a claim about quality**" in body
+    assert "| ferret | 20.00 | 7.50 | 1.50 | 1.50 | 0.50 | 3.50 | 2.00 | 1.25 | 10 / 20 |" in body
+    assert "| fedavg | 10.00 | 5.00 | 1.00 |  |  | 4.00 | 1.00 | 1.25 | 10 / 20 |" in body
+    assert bench.speed_verdict(results["target"], "full", 3) in body
+    # Ferret's shares of its median round, 7.5 s
+    assert "projection 1.50 s (20%)" in body and "other 2.00 s (27%)" in body
