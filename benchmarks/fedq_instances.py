@@ -13,8 +13,9 @@ over independent draws of the papers' MDP generator (`random_mdp`) instead of on
   [T / 20, T] (counted after 5 x 10^5 of 10^7 episodes).
 * Every number over instances is a mean with its Student-t 95% interval (intervals.t_interval):
   the instance, not the sample path, is the unit of repetition. A claim ("differ", "above") is
-  stated only where intervals separate (intervals.separated); otherwise the text says that no
-  difference was detected, which is not a proof of equality.
+  stated only where intervals separate (intervals.separated), or where a paired difference's
+  interval excludes 0; otherwise the text says that no difference was detected, which is not a
+  proof of equality.
 """
 
 from __future__ import annotations
@@ -104,8 +105,15 @@ def difference_sentence(name_a: str, name_b: str, d: dict, unit: str = "") -> st
 
 
 def compare_values(by_value: Mapping[str, Sequence[float]]) -> dict:
-    """ICML 2025's "nearly equal slopes": the t-interval of the mean slope at each swept value, and
-    the pairs of values whose intervals separate (the only case in which slopes are said to differ)."""
+    """ICML 2025's "nearly equal slopes", two ways of letting intervals decide:
+
+    * the t-interval of the mean slope at each swept value, and the pairs of values whose intervals
+      separate;
+    * the paired difference, instance by instance, between the largest and the smallest value (in
+      the M sweep on the same MDP, so the spread between MDPs cancels), and whether its interval
+      excludes 0 (None unless both values have the same instances).
+
+    Slopes are said to differ only where one of the two separates; the verdict names both."""
     stats = {v: summary(s) for v, s in by_value.items()}
     stated = {v: (s["lo"], s["hi"]) for v, s in stats.items() if s["lo"] is not None}
     pairs = [[a, b] for a, b in combinations(stated, 2) if separated(stated[a], stated[b])]
@@ -115,8 +123,16 @@ def compare_values(by_value: Mapping[str, Sequence[float]]) -> dict:
     elif pairs:
         verdict = "differ: " + ", ".join(f"{a} vs {b}" for a, b in pairs) + " separate"
     else:
-        verdict = f"no difference detected (every pair overlaps; widest interval {max(widths):.3g})"
-    return {"separated_pairs": pairs, "verdict": verdict}
+        verdict = f"no pair separates (widest interval {max(widths):.3g})"
+    names, series = list(by_value), list(by_value.values())
+    extremes = None
+    if len(series) > 1 and len(series[0]) == len(series[-1]) > 0:
+        extremes = difference(series[-1], series[0])
+        if extremes["lo"] is not None:
+            verdict += f"; paired {names[-1]}-{names[0]}: " + (
+                f"{extremes['sign']} 0" if extremes["sign"] else "contains 0"
+            )
+    return {"separated_pairs": pairs, "verdict": verdict, "largest_minus_smallest": extremes}
 
 
 def sweep_slopes(runs: Sequence[Mapping], swept: str, values: Sequence[int], window: str) -> dict:
@@ -208,17 +224,18 @@ def markdown(inst: dict) -> list[str]:
         f"agent), fitted over the paper's window {paper} episodes per agent (least squares over the round "
         "ends inside the window, per instance):",
         "",
-        "| swept | " + " | ".join(values) + " | equal slopes? |",
-        "|---|" + "---:|" * len(values) + "---|",
+        "| swept | " + " | ".join(values) + f" | {values[-1]} minus {values[0]}, paired | equal slopes? |",
+        "|---|" + "---:|" * (len(values) + 1) + "---|",
     ]
     for swept in SWEPT:
+        test = rounds["equal_slopes"][paper][swept]
         cells = [interval_cell(rounds["slopes"][paper][swept][v]) for v in values]
-        lines.append(
-            f"| {swept} | " + " | ".join(cells) + f" | {rounds['equal_slopes'][paper][swept]['verdict']} |"
-        )
+        cells.append(interval_cell(test["largest_minus_smallest"]) if test["largest_minus_smallest"] else "-")
+        lines.append(f"| {swept} | " + " | ".join(cells) + f" | {test['verdict']} |")
     lines += [
         "",
-        "Equal-slopes test at every fit window (pairs of swept values whose 95% intervals separate):",
+        "Equal-slopes test at every fit window (pairs of swept values whose 95% intervals separate; paired "
+        "largest minus smallest value, instance by instance):",
         "",
         "| fit window | " + " | ".join(SWEPT) + " |",
         "|---|" + "---|" * len(SWEPT),

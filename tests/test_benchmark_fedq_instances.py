@@ -96,12 +96,15 @@ def test_slopes_are_said_to_differ_only_for_pairs_whose_intervals_separate():
     # "8": [4.752, 5.248]: 2-4 overlap, 2-8 and 4-8 separate
     out = across.compare_values({"2": [1.0, 1.1, 0.9], "4": [1.0, 1.2, 0.8], "8": [5.0, 5.1, 4.9]})
     assert out["separated_pairs"] == [["2", "8"], ["4", "8"]]
-    assert out["verdict"] == "differ: 2 vs 8, 4 vs 8 separate"
+    assert out["verdict"] == "differ: 2 vs 8, 4 vs 8 separate; paired 8-2: above 0"
+    # 8 minus 2 by instance: 4.0, 4.0, 4.0 (up to rounding) -> an interval at 4, above 0
+    extremes = out["largest_minus_smallest"]
+    assert extremes["lo"] == pytest.approx(4.0) and extremes["hi"] == pytest.approx(4.0)
+    assert extremes["sign"] == "above"
     out = across.compare_values({"2": [1.0, 1.1, 0.9], "4": [1.0, 1.2, 0.8]})
     assert out["separated_pairs"] == []
-    assert (
-        out["verdict"] == "no difference detected (every pair overlaps; widest interval 0.994)"
-    )  # 2 * 0.4968
+    # widest 2 * 0.4968; 4 minus 2 by instance: 0, 0.1, -0.1, mean 0
+    assert out["verdict"] == "no pair separates (widest interval 0.994); paired 4-2: contains 0"
     assert across.compare_values({"2": [1.0], "4": [2.0]})["verdict"].startswith("fewer than two")
 
 
@@ -142,3 +145,11 @@ def test_rounds_statistics_tests_each_sweep_at_each_window():
     assert stats["equal_slopes"]["w"]["M"]["separated_pairs"] == []
     assert stats["slopes"]["w"]["A"]["4"]["n"] == 0
     assert stats["equal_slopes"]["w"]["A"]["verdict"].startswith("fewer than two")
+    assert stats["equal_slopes"]["w"]["A"]["largest_minus_smallest"] is None  # no A = 4 instances to pair
+    # M = 4 minus M = 2, instance by instance: 6.5 - 6.0, 6.9 - 7.0 = 0.5, -0.1: mean 0.2, s = 0.3 sqrt 2,
+    # sem 0.3, half width t_{0.975, 1} * 0.3: the interval contains 0
+    d = stats["equal_slopes"]["w"]["M"]["largest_minus_smallest"]
+    assert d["mean"] == pytest.approx(0.2) and d["sign"] is None
+    assert d["lo"] == pytest.approx(0.2 - 0.3 * T1, abs=1e-6) and d["hi"] == pytest.approx(
+        0.2 + 0.3 * T1, abs=1e-6
+    )
