@@ -49,6 +49,7 @@ from speed import (
 WORKLOADS = ("W", "W3")
 IMPLS = ("ray", "parallel", "flower", "floor")
 WORKERS = 2
+TITLE = "Scale-out: the Ray executor (issue 16)"  # its docs section, written by a run or --docs-only
 # The issue's targets: (numerator, denominator, workload, bound) for "numerator / denominator <= bound".
 TARGETS = (("ray", "parallel", "W", 1.15), ("ray", "parallel", "W3", 1.5), ("ray", "flower", "W3", 1 / 3))
 # The projection's setting (docs/benchmarks.md): a round of 1,000 clients of a 100M-parameter float32
@@ -251,7 +252,7 @@ def main() -> None:
         replace_section(
             "scaleout",
             docs_body(results, results["detail"]["smoke"]),
-            "Scale-out: the Ray executor (issue 16)",
+            TITLE,
         )
         return
     reps = 1 if args.quick else 3
@@ -308,7 +309,7 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "scaleout.json").write_text(json.dumps(results, indent=2) + "\n")
     console.print(docs_body(results, args.quick))
-    replace_section("scaleout", docs_body(results, args.quick), "Scale-out: the Ray executor (issue 16)")
+    replace_section("scaleout", docs_body(results, args.quick), TITLE)
 
 
 def docs_body(results: dict[str, Any], quick: bool) -> str:
