@@ -84,9 +84,13 @@ class Scale:
     timing_only: tuple[str, ...] = ("ferret_truncated_normal", "ferret_no_cache")  # 1 seed, first split
 
 
+REPLAY_CACHE_MIB = 4096  # 7 rounds of SmolLM2-135M (538 MB a step): most catch-ups are one add a round
+
+
 def methods(ferret_lr: float, fedavg_lr: float, zo_lr: float, steps: int, zo_steps: int, K: int, slr: float):
     local = {"steps": steps, "batch_size": 4, "lr": ferret_lr}
-    ferret = {"name": "ferret", "local": local, "max_bases_per_block": K, "server_lr": slr}
+    cache = {"replay_cache_mib": REPLAY_CACHE_MIB}
+    ferret = {"name": "ferret", "local": local, "max_bases_per_block": K, "server_lr": slr, **cache}
     return {
         "ferret": ferret,
         "ferret_per_client": {**ferret, "seeds": "per_client"},
@@ -95,6 +99,7 @@ def methods(ferret_lr: float, fedavg_lr: float, zo_lr: float, steps: int, zo_ste
             "local": {"steps": zo_steps, "batch_size": 1, "lr": zo_lr},
             "seeds": 1024,
             "epsilon": 5e-4,
+            **cache,
         },
         "fedavg": {"name": "fedavg", "local": {**local, "lr": fedavg_lr}},
         "ferret_truncated_normal": {**ferret, "basis": "truncated_normal"},

@@ -32,10 +32,10 @@ import torch
 from docs_section import markdown_table, replace_section
 from scipy import stats
 
+from taciturn.algorithms.replay import RoundCache
 from taciturn.algorithms.shared_bases import (
     Bases,
     Contribution,
-    RoundCache,
     allocate_bases,
     apply_pieces,
     basis_variance,

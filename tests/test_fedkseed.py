@@ -31,9 +31,14 @@ def quadratic(params, batch):
     return 0.5 * (params["w"].double() - TARGET.double()).pow(2).sum()
 
 
-def make(steps=1, lr=0.1, seeds=8):
+def make(steps=1, lr=0.1, seeds=8, replay_cache_mib=1024):
     algorithm = FedKSeed(
-        FedKSeedConfig(seeds=seeds, epsilon=1e-3, local={"steps": steps, "batch_size": 4, "lr": lr})
+        FedKSeedConfig(
+            seeds=seeds,
+            epsilon=1e-3,
+            local={"steps": steps, "batch_size": 4, "lr": lr},
+            replay_cache_mib=replay_cache_mib,
+        )
     )
     algorithm.use_streams(Streams(0))
     return algorithm, algorithm.init_server({"w": torch.zeros(4)}, 3)
@@ -93,8 +98,12 @@ def test_server_averages_scalars_and_rejects_malformed_uplinks():
     assert algorithm.check_uplink_meta(a) is None
 
 
-def test_a_client_that_missed_rounds_replays_the_scalars_to_the_servers_model():
-    algorithm, state = make(steps=3)
+@pytest.mark.parametrize("cache_mib", [0, 1])
+def test_a_client_that_missed_rounds_replays_the_scalars_to_the_servers_model(cache_mib):
+    """The same bits whether the rounds' steps are kept (1 MiB holds them all) or regenerated (0).
+    Kept steps serve every replay: clients 1 and 2 replay the previous round in rounds 2 and 3
+    (a client holds the model it started its round from), client 0 rounds 1-3 in round 4."""
+    algorithm, state = make(steps=3, replay_cache_mib=cache_mib)
     store = MemoryStateStore()
     for round in (1, 2, 3):
         clients = [0, 1, 2] if round == 1 else [1, 2]
@@ -110,6 +119,7 @@ def test_a_client_that_missed_rounds_replays_the_scalars_to_the_servers_model():
     out = algorithm.client_begin(context(algorithm, 0, 4, down, store.get(0)))
     assert torch.equal(out.state["params/w"], state.params["w"])  # bit-identical replay
     assert out.state["synced_round"] == 3
+    assert algorithm.cache.hits == (0 if cache_mib == 0 else 2 + 2 + 3)
 
 
 def test_fedkseed_takes_plain_steps_only():

@@ -399,7 +399,7 @@ def test_allocation_below_unit_norms_and_another_minimum():
 
 
 def test_round_cache_keeps_the_newest_rounds_within_its_cap():
-    from taciturn.algorithms.shared_bases import RoundCache
+    from taciturn.algorithms.replay import RoundCache
 
     def pieces(value):
         return [torch.full((4,), float(value))]  # 16 bytes a round

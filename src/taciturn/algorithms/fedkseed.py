@@ -39,9 +39,15 @@ from taciturn.algorithms.base import (
     TrainResult,
     positive_count,
 )
-from taciturn.algorithms.replay import check_caught_up, held_model, model_state
+from taciturn.algorithms.replay import (
+    RoundCache,
+    check_caught_up,
+    held_model,
+    model_state,
+    replay_cache_field,
+)
 from taciturn.core.message import Message
-from taciturn.core.params import Params, clone
+from taciturn.core.params import Params, clone, zeros_like
 from taciturn.core.rng import SERVER, Streams
 
 
@@ -49,6 +55,7 @@ class FedKSeedConfig(AlgorithmConfig):
     name: Literal["fedkseed"] = "fedkseed"
     seeds: int = Field(1024, ge=1, description="K, the candidate seeds shared by all clients for the run")
     epsilon: float = Field(5e-4, gt=0, description="perturbation scale of the two-point estimate")
+    replay_cache_mib: int = replay_cache_field()
 
     @model_validator(mode="after")
     def _plain_steps(self) -> FedKSeedConfig:
@@ -83,12 +90,23 @@ class FedKSeed(Algorithm):
     def __init__(self, config: FedKSeedConfig):
         super().__init__(config)
         self.initial: Params | None = None
+        self.cache = RoundCache(config.replay_cache_mib * 2**20)
 
-    def _step(self, params: Params, seeds: np.ndarray, grads: np.ndarray) -> None:
-        """w <- w - eta sum_k G_k z_k, seeds in ascending order: the server's step and every replay."""
+    def _step(self, params: Params, round: int, seeds: np.ndarray, grads: np.ndarray) -> None:
+        """w <- w - eta sum_k G_k z_k (Alg. 1 line 14-17; line 5-7 replays it): the server's step
+        and every replay. The step is summed from zero, seeds in ascending order, then added, so
+        the server and a replaying client add the same tensor: kept per round in a simulation,
+        a replay is one add per missed round, bit-identical to regenerating the directions."""
         assert self.streams is not None
-        for seed, g in zip(seeds.tolist(), grads.tolist(), strict=True):
-            perturb(params, self.streams, seed, -self.config.local.lr * g)
+        step = self.cache.get(round)
+        if step is None:
+            total = zeros_like(params)
+            for seed, g in zip(seeds.tolist(), grads.tolist(), strict=True):
+                perturb(total, self.streams, seed, -self.config.local.lr * g)
+            step = list(total.values())
+            self.cache.put(round, step)
+        for p, s in zip(params.values(), step, strict=True):
+            p.add_(s)
 
     # ----- server -----
     def init_server(self, params: Params, num_clients: int) -> FedKSeedState:
@@ -144,7 +162,7 @@ class FedKSeed(Algorithm):
         if arrivals:
             params = clone(params)
             nonzero = pooled.nonzero()[:, 0]
-            self._step(params, nonzero.numpy(), pooled[nonzero].numpy())
+            self._step(params, round, nonzero.numpy(), pooled[nonzero].numpy())
         synced = state.synced.clone()
         synced[[a.client for a in arrivals]] = round - 1
         return FedKSeedState(params, torch.cat([state.history, pooled[None]]), synced)
@@ -163,8 +181,8 @@ class FedKSeed(Algorithm):
         seeds, grads = ctx.received.arrays["seeds"], ctx.received.arrays["grads"]
         counts = ctx.received.arrays["counts"].tolist()
         offset = 0
-        for count in counts:
-            self._step(params, seeds[offset : offset + count], grads[offset : offset + count])
+        for round, count in enumerate(counts, start=first):
+            self._step(params, round, seeds[offset : offset + count], grads[offset : offset + count])
             offset += count
         check_caught_up(ctx.client, first - 1 + len(counts), ctx.round)
         start = clone(params)

@@ -71,13 +71,18 @@ from taciturn.algorithms.base import (
     loss_meta,
     positive_count,
 )
-from taciturn.algorithms.replay import check_caught_up, held_model, model_state
+from taciturn.algorithms.replay import (
+    RoundCache,
+    check_caught_up,
+    held_model,
+    model_state,
+    replay_cache_field,
+)
 from taciturn.algorithms.shared_bases import (
     Bases,
     BasisKind,
     Block,
     Contribution,
-    RoundCache,
     allocate_bases,
     apply_pieces,
     block_vector,
@@ -104,11 +109,7 @@ class FerretConfig(AlgorithmConfig):
         description="shared: one set of bases per round for all clients (cost independent of N, "
         "up to N times the noise); per_client: each client its own (Alg. 1; N reconstructions a round)",
     )
-    replay_cache_mib: int = Field(
-        1024,
-        ge=0,
-        description="memory cap (per process) of the reconstructed rounds kept for simulated catch-up",
-    )
+    replay_cache_mib: int = replay_cache_field()
 
 
 @dataclass

@@ -13,11 +13,22 @@ uplinks, so the two always agree; the history sent down starts right after the r
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 
 from taciturn.core.params import Params, clone
 from taciturn.core.state_store import ClientState
 
 _PARAMS = "params/"
+
+
+def replay_cache_field():
+    """The config field both methods share: how much memory a simulation may keep rounds in."""
+    return Field(
+        1024,
+        ge=0,
+        description="memory cap (MiB per process) of the rounds' steps kept for simulated catch-up; "
+        "a model-sized step per round, so 0 regenerates every catch-up (same numbers, bit for bit)",
+    )
 
 
 def held_model(state: ClientState | None, initial: Params) -> tuple[int, Params]:
@@ -41,3 +52,32 @@ def check_caught_up(client: int, held: int, round: int) -> None:
             f"client {client} holds the model of round {held}, but round {round} starts from round "
             f"{round - 1}: the server's history and the client's copy disagree"
         )
+
+
+class RoundCache:
+    """Each round's step (a list of model-sized tensors) kept in a simulation, within ``max_bytes``.
+
+    The server computes round r's step once (Ferret: the reconstructed pieces; FedKSeed: the sum of
+    its seeded directions); a simulated client catching up on r then adds the same tensors instead
+    of regenerating them, one add per missed round, bit-identical to regenerating (they are the
+    very tensors regeneration computes, and both paths add them the same way). The oldest rounds go
+    first when the cap is reached: those are needed only by clients that missed the most rounds.
+    """
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._rounds: dict[int, list[torch.Tensor]] = {}
+        self.hits = 0  # catch-ups served from the cache (for benchmarks and tests)
+
+    def get(self, round: int) -> list[torch.Tensor] | None:
+        pieces = self._rounds.get(round)
+        self.hits += pieces is not None
+        return pieces
+
+    def put(self, round: int, pieces: list[torch.Tensor]) -> None:
+        self._rounds[round] = pieces
+        while self._rounds and self._bytes() > self.max_bytes:
+            del self._rounds[min(self._rounds)]
+
+    def _bytes(self) -> int:
+        return sum(p.nbytes for pieces in self._rounds.values() for p in pieces)

@@ -231,34 +231,6 @@ def apply_pieces(
             start += n
 
 
-class RoundCache:
-    """Reconstructed rounds kept in a simulation, newest first, within ``max_bytes``.
-
-    The server reconstructs round r once; a simulated client catching up on r then adds the same
-    pieces instead of regenerating its bases, one add per missed round, bit-identical to
-    regenerating (the pieces are the very tensors regeneration computes). The oldest rounds go
-    first when the cap is reached: those are needed only by clients that missed the most rounds.
-    """
-
-    def __init__(self, max_bytes: int):
-        self.max_bytes = max_bytes
-        self._rounds: dict[int, list[torch.Tensor]] = {}
-        self.hits = 0  # catch-ups served from the cache (for benchmarks and tests)
-
-    def get(self, round: int) -> list[torch.Tensor] | None:
-        pieces = self._rounds.get(round)
-        self.hits += pieces is not None
-        return pieces
-
-    def put(self, round: int, pieces: list[torch.Tensor]) -> None:
-        self._rounds[round] = pieces
-        while self._rounds and self._bytes() > self.max_bytes:
-            del self._rounds[min(self._rounds)]
-
-    def _bytes(self) -> int:
-        return sum(p.nbytes for pieces in self._rounds.values() for p in pieces)
-
-
 def block_vector(params: Mapping[str, torch.Tensor], block: Block) -> torch.Tensor:
     return torch.cat([params[n].reshape(-1) for n in block.names])
 
