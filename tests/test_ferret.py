@@ -299,6 +299,34 @@ def run_with_a_skipping_client(seeds, cache_mib):
     return algorithm, state, down, algorithm.client_begin(ctx).params
 
 
+def test_the_clients_of_a_round_share_one_caught_up_model_equal_to_the_servers():
+    """replay.CaughtUp: in round 3, client 0 (holding w_0) replays rounds 1-2 and client 1 (holding
+    w_1) would replay round 2; the second to come takes the first's tensors, which are the server's
+    w_2 bit for bit, whichever client comes first."""
+    for order in ([0, 1], [1, 0]):
+        algorithm, state = make_ferret(tiny_params(), num_clients=2, replay_cache_mib=0)
+        store = MemoryStateStore()
+        for round, clients in ((1, [0, 1]), (2, [1]), (3, order)):
+            downlink = algorithm.downlink(state, round, clients)
+            arrivals, works = [], []
+            for c in clients:
+                ctx = ClientContext(c, round, downlink[c], store.get(c), 10, algorithm.streams, None, None)
+                work = algorithm.client_begin(ctx)
+                works.append(work)
+                g = torch.Generator().manual_seed(100 * round + c)
+                trained = {k: v - 0.01 * torch.randn(v.shape, generator=g) for k, v in work.params.items()}
+                out = algorithm.client_end(ctx, work, TrainResult(trained, None, 1, 0.5))
+                store.put(c, out.state)
+                arrivals.append(Arrival(c, out.uplink))
+            if round < 3:
+                state = algorithm.aggregate(state, round, arrivals)
+        first, second = works
+        assert second.params is first.params  # one replay for the round, one copy in the states
+        for name, value in state.params.items():
+            assert torch.equal(first.params[name], value)
+        assert downlink[0].meta["first_round"] == 1 and downlink[1].meta["first_round"] == 2
+
+
 @pytest.mark.parametrize("seeds", ["shared", "per_client"])
 def test_a_client_that_skipped_rounds_catches_up_bit_identically_with_and_without_the_cache(seeds):
     results = {mib: run_with_a_skipping_client(seeds, mib) for mib in (0, 64)}
@@ -312,8 +340,9 @@ def test_a_client_that_skipped_rounds_catches_up_bit_identically_with_and_withou
             assert torch.equal(caught_up[name], state.params[name])
         # 3 rounds of coordinates travel in fewer bytes than one model (1,440 bytes here)
         assert len(encode(down)) < 4 * sum(v.numel() for v in caught_up.values())
-        # with the cache, every catch-up of a round the server reconstructed is one add
-        assert algorithm.cache.hits == (0 if mib == 0 else 3 + 2 * 2)
+        # with the cache, every catch-up of a round the server reconstructed is one add; rounds 2
+        # and 3 replay once each (client 2 shares client 1's model: replay.CaughtUp), round 4 thrice
+        assert algorithm.cache.hits == (0 if mib == 0 else 1 + 1 + 3)
     for name in results[0][3]:
         assert torch.equal(results[0][3][name], results[64][3][name])
 

@@ -40,9 +40,9 @@ from taciturn.algorithms.base import (
     positive_count,
 )
 from taciturn.algorithms.replay import (
+    CaughtUp,
     RoundCache,
     check_caught_up,
-    held_model,
     model_state,
     replay_cache_field,
 )
@@ -91,6 +91,7 @@ class FedKSeed(Algorithm):
         super().__init__(config)
         self.initial: Params | None = None
         self.cache = RoundCache(config.replay_cache_mib * 2**20)
+        self.caught_up = CaughtUp()
 
     def _step(self, params: Params, round: int, seeds: np.ndarray, grads: np.ndarray) -> None:
         """w <- w - eta sum_k G_k z_k (Alg. 1 line 14-17; line 5-7 replays it): the server's step
@@ -175,17 +176,19 @@ class FedKSeed(Algorithm):
         if ctx.received is None:
             return ClientOutput(uplink=None)
         assert self.initial is not None and self.streams is not None
-        held, params = held_model(ctx.state, self.initial)
         first = int(ctx.received.meta["first_round"])
-        check_caught_up(ctx.client, held, first)
         seeds, grads = ctx.received.arrays["seeds"], ctx.received.arrays["grads"]
         counts = ctx.received.arrays["counts"].tolist()
-        offset = 0
-        for round, count in enumerate(counts, start=first):
-            self._step(params, round, seeds[offset : offset + count], grads[offset : offset + count])
-            offset += count
         check_caught_up(ctx.client, first - 1 + len(counts), ctx.round)
-        start = clone(params)
+
+        def replay(params: Params) -> None:
+            offset = 0
+            for round, count in enumerate(counts, start=first):
+                self._step(params, round, seeds[offset : offset + count], grads[offset : offset + count])
+                offset += count
+
+        start = self.caught_up.model(ctx.client, ctx.state, self.initial, first, ctx.round, replay)
+        params = clone(start)  # the zeroth-order steps change it in place; the client keeps start
         uplink = self._local_steps(ctx, params)
         return ClientOutput(uplink, model_state(ctx.round - 1, start))
 

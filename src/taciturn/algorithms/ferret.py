@@ -72,9 +72,8 @@ from taciturn.algorithms.base import (
     positive_count,
 )
 from taciturn.algorithms.replay import (
+    CaughtUp,
     RoundCache,
-    check_caught_up,
-    held_model,
     model_state,
     replay_cache_field,
 )
@@ -147,6 +146,7 @@ class Ferret(Algorithm):
         self.blocks: list[Block] = []
         self._bases: Bases | None = None
         self.cache = RoundCache(config.replay_cache_mib * 2**20)
+        self.caught_up = CaughtUp()
 
     @property
     def bases(self) -> Bases:
@@ -269,16 +269,18 @@ class Ferret(Algorithm):
         if ctx.received is None:  # nothing to catch up from: stay silent this round
             return ClientOutput(uplink=None)
         assert self.initial is not None, "init_server runs before any client"
-        held, params = held_model(ctx.state, self.initial)
         arrays = ctx.received.arrays
-        history = _by_round(
-            arrays["rounds"], arrays["owners"], arrays["counts"], torch.from_numpy(arrays["coords"])
-        )
         first = int(ctx.received.meta["first_round"])
-        check_caught_up(ctx.client, held, first)
-        for round in range(first, ctx.round):
-            if round in history:  # a round nobody was heard from changed nothing
-                self._apply(params, round, history[round])
+
+        def replay(params: Params) -> None:
+            history = _by_round(
+                arrays["rounds"], arrays["owners"], arrays["counts"], torch.from_numpy(arrays["coords"])
+            )
+            for round in range(first, ctx.round):
+                if round in history:  # a round nobody was heard from changed nothing
+                    self._apply(params, round, history[round])
+
+        params = self.caught_up.model(ctx.client, ctx.state, self.initial, first, ctx.round, replay)
         return LocalTraining(params=params, consts={})
 
     def client_end(self, ctx: ClientContext, work: LocalTraining, result: TrainResult) -> ClientOutput:
