@@ -1,19 +1,23 @@
-"""BASS against independent, pooled and oracle LinUCB, CLUB, SCLUB and DynUCB (issue 7).
+"""BASS against independent, pooled and oracle LinUCB, CLUB, SCLUB and DynUCB (issues 7, 19).
 
 Synthetic benchmark of the paper / bandpy: K = 10 Gaussian arms in d = 5, N in {2, 6, 18} agents in
 2 or 4 clusters (Gaussian cluster parameters) or with no clusters (theta_i = mu + 0.5 xi_i), T = 10^4
 steps (one agent pulls one arm per step), 10 independent runs. Every method runs through the same
 code as `taciturn run` (experiments/bandits.py): the same environments, schedules and noise per run,
-samples shared as messages through the Channel and counted by the Ledger.
+samples shared as messages through the Channel and counted by the Ledger. BASS runs with three
+separation tests (separation.py): ours (`bass`), ellipsoid overlap on the confidence ellipsoids
+(`bass_overlap`), and ellipsoid overlap exactly as bandpy's LBC runs it (`bass_lbc`).
 
 Tuning, the same budget for every method: the UCB bonus is alpha times the theory's confidence
 radius, and the methods that learn whom to share with have one threshold (BASS: the scale of the
 radius in its test; CLUB: gamma; SCLUB: alpha). As the authors do (best alpha of a grid per
 method), each method gets the (alpha, threshold) of the grid with the lowest regret on a pilot
-that uses other seeds (PILOT_SEED...) than the reported runs.
+that uses other seeds (PILOT_SEED...) than the reported runs: 10 runs per pilot setting, because
+at a small alpha a few runs in ten lock onto a suboptimal arm and three runs did not show it
+(bass_traces.py traces them).
 
-    python benchmarks/bass.py            # full: ~30 min on one core; writes results/bass.json, docs
-    python benchmarks/bass.py --quick    # smoke run of the same code at tiny scale (~1 min)
+    python benchmarks/bass.py --jobs 2   # full: ~1.5 CPU-hours; writes results/bass.json, docs
+    python benchmarks/bass.py --quick    # smoke run of the same code at tiny scale (a few minutes)
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ import json
 import re
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
+from multiprocessing import get_context
 from pathlib import Path
 
 import matplotlib
@@ -30,6 +37,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from intervals import t_interval
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -40,17 +48,21 @@ from taciturn.experiments.config import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("bass", "independent", "pooled", "oracle", "club", "sclub", "dynucb")
-EXTRA = ("bass_overlap",)  # BASS with the authors' exact ellipsoid-overlap test instead of ours
+# BASS with an ellipsoid-overlap test instead of ours: on the confidence ellipsoids (V-radius beta),
+# and exactly as bandpy's LBC runs it (shape beta V^-1, V-radius sqrt(beta)); separation.py
+EXTRA = ("bass_overlap", "bass_lbc")
+TESTS = {"bass": "mahalanobis", "bass_overlap": "ellipsoid_overlap", "bass_lbc": "ellipsoid_overlap_bandpy"}
 ALPHAS = (0.15, 0.25, 0.4)
 THRESHOLDS = {  # method -> (config table, key, grid)
     "bass": ("bass", "scale", (0.25, 0.35, 0.5)),
     "bass_overlap": ("bass", "scale", (0.25, 0.35, 0.5)),
+    "bass_lbc": ("bass", "scale", (0.5, 1.0, 2.0)),  # its V-radius is sqrt(scale beta): 1 = bandpy
     "club": ("club", "gamma", (1.0, 2.0, 4.0)),
     "sclub": ("sclub", "alpha", (1.0, 2.0, 4.0)),
 }
 PILOT_SEED = 1000
 SECTION = "## BASS: multi-agent linear bandits with adaptive sample sharing (issue 7)"
-COMMAND = "flock /tmp/taciturn-cpu.lock env PYTHONPATH=src python benchmarks/bass.py"
+COMMAND = "flock /tmp/taciturn-cpu.lock env PYTHONPATH=src python benchmarks/bass.py --jobs 2"
 
 FULL = {
     "agents": (2, 6, 18),
@@ -58,7 +70,9 @@ FULL = {
     "horizon": 10_000,
     "repetitions": 10,
     "record_every": 100,
-    "pilot": {"settings": ("N6_C2", "N6_none", "N18_C2"), "repetitions": 3},
+    # 10 pilot runs per setting, not 3: at a small alpha one run in three to ten locks onto a
+    # suboptimal arm (docs, "Why single runs got stuck"); three runs did not see it and chose it
+    "pilot": {"settings": ("N6_C2", "N6_none", "N18_C2"), "repetitions": 10},
 }
 QUICK = {
     "agents": (2, 6),
@@ -96,9 +110,9 @@ def config(setting: str, method: str, variant: tuple, seed: int, scale: dict) ->
         "horizon": scale["horizon"],
         "record_every": scale["record_every"],
         "environment": environment,
-        "methods": ["bass" if method == "bass_overlap" else method],
+        "methods": ["bass" if method in TESTS else method],
         "linucb": {"alpha": alpha},
-        "bass": {"test": "ellipsoid_overlap" if method == "bass_overlap" else "mahalanobis"},
+        "bass": {"test": TESTS.get(method, "mahalanobis")},
         "dynucb": {"num_clusters": clusters or 2},  # DynUCB must be told K; without clusters we give it 2
     }
     if method in THRESHOLDS:
@@ -112,14 +126,13 @@ def grid(method: str) -> list[tuple]:
     return [(alpha, threshold) for alpha in ALPHAS for threshold in thresholds]
 
 
-def simulate(config: BanditsConfig, progress: Progress, task) -> dict[str, np.ndarray]:
+def simulate(config: BanditsConfig) -> dict[str, np.ndarray]:
     """Run the one method of ``config`` (all its repetitions at once): its records over time."""
     (simulation,) = build(config).values()
     started, rows = time.process_time(), [simulation.record()[0]]
     while simulation.step < config.horizon:
         simulation.advance(config.record_every)
         rows.append(simulation.record()[0])
-        progress.advance(task, config.record_every)
     out = {"t": np.array([r["t"] for r in rows]), "cpu_s": time.process_time() - started}
     for field in ("regret", "bytes_up", "bytes_down", "messages_up", "messages_down", "f1"):
         if rows[0][field] is not None:
@@ -127,22 +140,29 @@ def simulate(config: BanditsConfig, progress: Progress, task) -> dict[str, np.nd
     return out
 
 
-def pilot(scale: dict, progress) -> tuple[dict[str, tuple], dict]:
+def simulate_all(configs: list[BanditsConfig], jobs: int, progress: Progress, task) -> list[dict]:
+    """``simulate`` of every config, in order; in ``jobs`` worker processes when jobs > 1 (the
+    runs are independent and seeded, so the numbers do not depend on jobs)."""
+    with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) if jobs > 1 else nullcontext() as pool:
+        results = []
+        for result in pool.map(simulate, configs) if pool else map(simulate, configs):
+            results.append(result)
+            progress.advance(task)
+    return results
+
+
+def pilot(scale: dict, progress, jobs: int = 1) -> tuple[dict[str, tuple], dict]:
     """Each method's (alpha, threshold): the grid point with the lowest mean, over the pilot
     settings, of regret / (the method's best regret in that setting)."""
     settings = scale["pilot"]["settings"]
     pilot_scale = scale | {"repetitions": scale["pilot"]["repetitions"]}
     methods = METHODS + EXTRA
-    steps = len(settings) * sum(len(grid(m)) for m in methods) * scale["horizon"]
-    task = progress.add_task("pilot", total=steps)
+    keys = [(m, s, v) for m in methods for s in settings for v in grid(m)]
+    task = progress.add_task("pilot runs", total=len(keys))
+    configs = [config(s, m, v, PILOT_SEED, pilot_scale) for m, s, v in keys]
     regret: dict = {}  # method -> setting -> str(variant) -> mean final regret
-    for method in methods:
-        for setting in settings:
-            for variant in grid(method):
-                r = simulate(config(setting, method, variant, PILOT_SEED, pilot_scale), progress, task)
-                regret.setdefault(method, {}).setdefault(setting, {})[str(variant)] = float(
-                    r["regret"][-1].mean()
-                )
+    for (method, setting, variant), r in zip(keys, simulate_all(configs, jobs, progress, task), strict=True):
+        regret.setdefault(method, {}).setdefault(setting, {})[str(variant)] = float(r["regret"][-1].mean())
     chosen = {}
     for method in methods:
         mine = regret[method]
@@ -162,6 +182,10 @@ def summarise(results: dict[str, dict]) -> dict:
         "final_regret_std": {
             s: {m: float(r["regret"][-1].std()) for m, r in res.items()} for s, res in results.items()
         },
+        # Student-t 95% interval of the mean over the runs (wide where one run dominates)
+        "final_regret_ci": {
+            s: {m: list(t_interval(r["regret"][-1])) for m, r in res.items()} for s, res in results.items()
+        },
         # heavy tails (one stuck run dominates a mean): the median and interquartile range beside it
         "final_regret_median": {
             s: {m: float(np.median(r["regret"][-1])) for m, r in res.items()} for s, res in results.items()
@@ -169,6 +193,9 @@ def summarise(results: dict[str, dict]) -> dict:
         "final_regret_iqr": {
             s: {m: [float(q) for q in np.percentile(r["regret"][-1], [25, 75])] for m, r in res.items()}
             for s, res in results.items()
+        },
+        "final_regret_by_run": {
+            s: {m: r["regret"][-1].tolist() for m, r in res.items()} for s, res in results.items()
         },
         "f1_final": {
             s: float(res["bass"]["f1"][-1].mean()) for s, res in results.items() if parse_setting(s)[1]
@@ -189,6 +216,7 @@ def summarise(results: dict[str, dict]) -> dict:
 COLOURS = {
     "bass": "tab:blue",
     "bass_overlap": "tab:cyan",
+    "bass_lbc": "tab:purple",
     "independent": "tab:gray",
     "pooled": "black",
     "oracle": "tab:red",
@@ -251,8 +279,9 @@ def plot_regret_vs_bytes(results: dict, path: Path) -> Path:
 def tables_markdown(summary: dict, variants: dict, plots: dict[str, str]) -> str:
     methods = list(METHODS + EXTRA)
     lines = [
-        "Final cumulative pseudo-regret at T (mean ± std over the 10 runs, lower is better; below it "
-        "the median [interquartile range], which one stuck run cannot drag):",
+        "Final cumulative pseudo-regret at T over the 10 runs, lower is better: the mean and its "
+        "Student-t 95% interval, below it the median [interquartile range], which one stuck run "
+        "cannot drag:",
         "",
     ]
     lines += ["| setting | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
@@ -260,7 +289,8 @@ def tables_markdown(summary: dict, variants: dict, plots: dict[str, str]) -> str
         best = min(v for m, v in by_method.items() if m != "oracle")
         cells = []
         for m in methods:
-            text = f"{by_method[m]:.0f} ± {summary['final_regret_std'][s][m]:.0f}"
+            low, high = summary["final_regret_ci"][s][m]
+            text = f"{by_method[m]:.0f} [{low:.0f}, {high:.0f}]"
             q25, q75 = summary["final_regret_iqr"][s][m]
             text = f"**{text}**" if by_method[m] == best else text
             cells.append(f"{text}<br>{summary['final_regret_median'][s][m]:.0f} [{q25:.0f}, {q75:.0f}]")
@@ -270,7 +300,7 @@ def tables_markdown(summary: dict, variants: dict, plots: dict[str, str]) -> str
         "Cluster recovery at T, pairwise F1 of who-shares-with-whom against the true clusters (mean):",
         "",
     ]
-    f1_methods = ["bass", "bass_overlap", "club", "sclub", "dynucb"]
+    f1_methods = ["bass", *EXTRA, "club", "sclub", "dynucb"]
     lines += ["| setting | " + " | ".join(f1_methods) + " |", "|---" * (len(f1_methods) + 1) + "|"]
     for s, by_method in summary["f1_final_by_method"].items():
         lines.append(f"| {s} | " + " | ".join(f"{by_method[m]:.2f}" for m in f1_methods) + " |")
@@ -324,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, help="where to write results (default: benchmarks/results, or a temp dir)"
     )
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes (one run each)")
     args = parser.parse_args(argv)
     scale = QUICK if args.quick else FULL
     out = args.out or (Path("/tmp/taciturn-bass-quick") if args.quick else ROOT / "benchmarks" / "results")
@@ -334,14 +365,13 @@ def main(argv: list[str] | None = None) -> int:
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     started = time.perf_counter()
     with Progress(*columns, console=Console(stderr=True)) as progress:
-        variants, pilot_regret = pilot(scale, progress)
-        task = progress.add_task(
-            "benchmark", total=len(settings) * (len(METHODS) + len(EXTRA)) * scale["horizon"]
-        )
-        results = {
-            s: {m: simulate(config(s, m, variants[m], 0, scale), progress, task) for m in METHODS + EXTRA}
-            for s in settings
-        }
+        variants, pilot_regret = pilot(scale, progress, args.jobs)
+        keys = [(s, m) for s in settings for m in METHODS + EXTRA]
+        task = progress.add_task("benchmark runs", total=len(keys))
+        configs = [config(s, m, variants[m], 0, scale) for s, m in keys]
+        results: dict = {}
+        for (s, m), r in zip(keys, simulate_all(configs, args.jobs, progress, task), strict=True):
+            results.setdefault(s, {})[m] = r
     summary = summarise(results)
     plots = {
         "regret": plot_grid(results, "regret", images / "bass_regret.png", "cumulative regret", log=True),
@@ -351,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
             images / "bass_f1.png",
             "pairwise F1",
             log=False,
-            methods=("bass", "bass_overlap", "club", "sclub", "dynucb"),
+            methods=("bass", *EXTRA, "club", "sclub", "dynucb"),
         ),
         "regret vs bytes": plot_regret_vs_bytes(results, images / "bass_regret_vs_bytes.png"),
     }

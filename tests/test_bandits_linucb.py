@@ -42,3 +42,31 @@ def test_choices_are_batched_over_leading_axes():
     got = ucb_choice(grams, bs, arms, confidence(0.2))
     expected = [ucb_choice(g, b, ARMS, confidence(0.2)) for g, b in zip(grams, bs, strict=True)]
     assert got.tolist() == expected == [0, 0, 1]
+
+
+@pytest.mark.parametrize(("scale", "locked"), [(0.15, True), (1.0, False)])
+def test_a_shrunk_radius_locks_a_pool_onto_a_suboptimal_arm(scale, locked):
+    """The mechanism of the heavy tail in benchmarks/bass.py (issue 19). theta = (1, 1.2): e2 is the
+    best arm. The pool holds 100 noise-free pulls of e1 and one pull of e2 whose noise was -1 (reward
+    0.2). Every further pull of e1 leaves e2's estimate (0.1) and width (1/sqrt(2)) unchanged, and
+    beta grows only like sqrt(log n): at scale 0.15, e2's index 0.1 + 0.15 beta / sqrt(2) stays below
+    e1's (about 1) until beta >= 8.5, i.e. for about e^39 more pulls; at scale 1 (the theory) e2 is
+    pulled at once."""
+    theta = np.array([1.0, 1.2])
+    arms = np.eye(2)
+    conf = Confidence(
+        lam=1.0, noise_bound=1.0, norm_bound=float(np.linalg.norm(theta)), delta=0.01, scale=scale
+    )
+    gram, b = np.diag([101.0, 2.0]), np.array([100.0, 0.2])
+    pulls = []
+    for _ in range(2000):
+        arm = int(ucb_choice(gram, b, arms, conf))
+        pulls.append(arm)
+        gram += np.outer(arms[arm], arms[arm])
+        b += arms[arm] * (arms[arm] @ theta)  # noise-free from here on
+    assert (1 not in pulls) is locked
+    if locked:  # by hand after the 2000 pulls of e1: beta = sqrt(2 log 100 + log(2101 * 2)) + |theta|
+        beta = np.sqrt(2 * np.log(100) + np.log(2101 * 2)) + np.linalg.norm(theta)
+        index_e2 = 0.1 + scale * beta / np.sqrt(2)
+        np.testing.assert_allclose(ucb_scores(gram, b, arms, conf)[1], index_e2)
+        assert index_e2 < 2100 / 2101  # below e1's estimate alone, before any bonus

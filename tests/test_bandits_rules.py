@@ -218,7 +218,9 @@ def test_bad_rule_settings_are_refused_with_the_reason():
     with pytest.raises(ValueError, match=r"initial labels must lie in \[0, 2\)"):
         DynUcb(np.array([[-1, 0]]), num_clusters=2)
     with pytest.raises(
-        ValueError, match="unknown separation test 'nope'; choose one of mahalanobis, ellipsoid_overlap"
+        ValueError,
+        match="unknown separation test 'nope'; choose one of mahalanobis, ellipsoid_overlap, "
+        "ellipsoid_overlap_bandpy",
     ):
         Bass(1, 2, CONF, test="nope")
 

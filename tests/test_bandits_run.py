@@ -47,7 +47,9 @@ def test_config_errors_name_the_key_and_the_fix(tmp_path):
     with pytest.raises(ConfigError, match="lists bass more than once"):
         tiny(methods=["bass", "bass"])
     with pytest.raises(
-        ConfigError, match=r"\[bass.test\] Input should be 'mahalanobis' or 'ellipsoid_overlap'"
+        ConfigError,
+        match=r"\[bass.test\] Input should be 'mahalanobis', 'ellipsoid_overlap' or "
+        "'ellipsoid_overlap_bandpy'",
     ):
         tiny(bass={"test": "overlap"})
 

@@ -7,7 +7,7 @@ from taciturn.bandits.environments import linear
 from taciturn.bandits.exchange import Exchange
 from taciturn.bandits.linucb import Confidence, ridge
 from taciturn.bandits.rules import Bass
-from taciturn.bandits.separation import ellipsoids_disjoint, mahalanobis_separated
+from taciturn.bandits.separation import bandpy_ellipsoids_disjoint, ellipsoids_disjoint, mahalanobis_separated
 from taciturn.bandits.simulation import Problem, Simulation
 
 
@@ -38,6 +38,31 @@ def test_ellipsoid_overlap_test_agrees_with_a_brute_force_search():
         checked += 1
         assert ellipsoids_disjoint(theta_i, inv_i, logdet_i, theta_j, inv_j, logdet_j, conf) == (worst > 1.0)
     assert checked > 250
+
+
+@pytest.mark.parametrize("bandpy", [False, True])
+def test_overlap_tests_on_a_hand_pair_of_axis_aligned_ellipsoids(bandpy):
+    """V_i = diag(16, 1), V_j = diag(4, 9), centres 0 and (g, 0), lam = 1, S = 1, delta = 0.05, scale 0.5.
+    beta_k = sqrt(2 log 20 + log det V_k) + 1 and the V-radius is r_k = 0.5 beta_k (textbook) or
+    sqrt(0.5 beta_k) (bandpy: shape 0.5 beta_k V^-1). Both ellipsoids are symmetric about the x axis
+    and widest in x on it, so they are disjoint iff g > r_i / 4 + r_j / 2."""
+    d, delta = 2, 0.05
+    conf = Confidence(lam=1.0, noise_bound=1.0, norm_bound=1.0, delta=delta, scale=0.5)
+    gram_i, gram_j = np.diag([16.0, 1.0]), np.diag([4.0, 9.0])
+    beta_i = np.sqrt(2 * np.log(20) + np.log(16.0)) + 1.0
+    beta_j = np.sqrt(2 * np.log(20) + np.log(36.0)) + 1.0
+    if bandpy:
+        r_i, r_j, test = np.sqrt(0.5 * beta_i), np.sqrt(0.5 * beta_j), bandpy_ellipsoids_disjoint
+    else:
+        r_i, r_j, test = 0.5 * beta_i, 0.5 * beta_j, ellipsoids_disjoint
+    touching = r_i / 4 + r_j / 2
+    inv_i, inv_j = np.linalg.inv(gram_i), np.linalg.inv(gram_j)
+    logdet_i, logdet_j = np.log(16.0), np.log(36.0)
+    for gap, disjoint in ((0.99 * touching, False), (1.01 * touching, True)):
+        got = test(np.zeros(d), inv_i, logdet_i, np.array([gap, 0.0]), inv_j, logdet_j, conf)
+        assert bool(got) is disjoint
+    # and the two tests differ where it matters: beta > 1, so bandpy's ellipsoids are the smaller ones
+    assert np.sqrt(0.5 * beta_i) / 4 + np.sqrt(0.5 * beta_j) / 2 < 0.5 * beta_i / 4 + 0.5 * beta_j / 2
 
 
 def test_mahalanobis_test_on_a_hand_case():

@@ -65,6 +65,11 @@ def test_summarise_turns_the_repetitions_into_the_published_numbers():
     assert summary["final_regret_median"]["N2_C2"] == {"bass": 2.5, "pooled": 4.0}
     # linear interpolation: the 25th and 75th percentiles sit at positions 0.75 and 2.25 of (1, 2, 3, 10)
     assert summary["final_regret_iqr"]["N2_C2"]["bass"] == pytest.approx([1.75, 4.75], rel=1e-12)
+    assert summary["final_regret_by_run"]["N2_C2"]["bass"] == [1.0, 2.0, 3.0, 10.0]
+    # t interval: 4 +- t_{3, 0.975} s / 2 with s = sqrt(50 / 3) the sample std, t_{3, 0.975} = 3.18245
+    half = 3.182446305284263 * math.sqrt(50 / 3) / 2
+    assert summary["final_regret_ci"]["N2_C2"]["bass"] == pytest.approx([4 - half, 4 + half], rel=1e-9)
+    assert summary["final_regret_ci"]["N2_C2"]["pooled"] == [4.0, 4.0]  # no spread: the point
     assert summary["f1_final"] == {"N2_C2": 0.75}  # only settings with clusters have an F1
     assert summary["f1_final_by_method"] == {"N2_C2": {"bass": 0.75}}
     assert summary["mb_shared"]["N2_C2"]["bass"] == pytest.approx(2.0, rel=1e-12)  # (1 + 3 + 2 + 2) / 4 MB
@@ -87,7 +92,7 @@ def test_the_pilot_picks_the_lowest_mean_regret_relative_to_each_settings_best(m
         calls.append((seed, scale["repetitions"]))
         return setting, variant[1]
 
-    def simulate(key, progress, task):
+    def simulate(key):
         return {"regret": np.array([[0.0, 0.0], [regret[key] - 1, regret[key] + 1]])}  # mean: regret[key]
 
     monkeypatch.setattr(bench, "config", config)
@@ -96,6 +101,9 @@ def test_the_pilot_picks_the_lowest_mean_regret_relative_to_each_settings_best(m
     class Progress:
         def add_task(self, *args, **kwargs):
             return 0
+
+        def advance(self, *args):
+            pass
 
     scale = {"horizon": 10, "pilot": {"settings": ("N2_C2", "N6_none"), "repetitions": 3}, "repetitions": 10}
     chosen, table = bench.pilot(scale, Progress())
@@ -127,8 +135,41 @@ def test_the_table_bolds_the_best_method_that_is_not_told_the_clusters():
         }
     }
     text = bench.tables_markdown(bench.summarise(results), {"club": (0.25, 2.0), "pooled": (0.4, None)}, {})
-    row = next(line for line in text.splitlines() if line.startswith("| N2_C2 |") and "±" in line)
+    row = next(line for line in text.splitlines() if line.startswith("| N2_C2 |") and "<br>" in line)
     cells = dict(zip(methods, row.split(" | ")[1:], strict=True))
-    assert cells["club"].startswith("**2 ± 0**") and cells["oracle"].startswith("1 ± 0<br>")
+    assert cells["club"].startswith("**2 [2, 2]**") and cells["oracle"].startswith("1 [1, 1]<br>")
     assert sum("**" in c for c in cells.values()) == 1
     assert "club 0.25, 2.0, pooled 0.4." in text
+
+
+@pytest.mark.parametrize(("runs", "chosen"), [(3, 0.15), (10, 0.4)])
+def test_a_pilot_of_ten_runs_sees_the_run_that_locks_and_three_do_not(monkeypatch, runs, chosen):
+    """alpha 0.15 has regret 40 in nine runs of ten and 3000 in the eighth (a locked pool, issue 19;
+    mean 336); alpha 0.4 has 100 in every run. Three pilot runs see only the good ones and choose
+    0.15; ten runs see the locked one and choose 0.4 (FULL's pilot has ten)."""
+    bench = load_benchmark("bass")
+    monkeypatch.setattr(bench, "METHODS", ("oracle",))
+    monkeypatch.setattr(bench, "EXTRA", ())
+    monkeypatch.setattr(bench, "ALPHAS", (0.15, 0.4))
+    by_run = {0.15: np.array([40.0] * 7 + [3000.0] + [40.0] * 2), 0.4: np.full(10, 100.0)}
+
+    def config(setting, method, variant, seed, scale):
+        return variant[0], scale["repetitions"]
+
+    def simulate(key):
+        alpha, repetitions = key
+        return {"regret": np.stack([np.zeros(repetitions), by_run[alpha][:repetitions]])}
+
+    monkeypatch.setattr(bench, "config", config)
+    monkeypatch.setattr(bench, "simulate", simulate)
+
+    class Progress:
+        def add_task(self, *args, **kwargs):
+            return 0
+
+        def advance(self, *args):
+            pass
+
+    scale = bench.FULL | {"pilot": {"settings": ("N6_C2",), "repetitions": runs}}
+    assert bench.pilot(scale, Progress())[0] == {"oracle": (chosen, None)}
+    assert bench.FULL["pilot"]["repetitions"] == 10

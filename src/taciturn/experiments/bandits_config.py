@@ -84,8 +84,9 @@ class LinUcbConfig(StrictModel):
 
 
 class BassConfig(StrictModel):
-    test: Literal["mahalanobis", "ellipsoid_overlap"] = Field(
-        "mahalanobis", description="bias-vs-uncertainty test, or the authors' exact ellipsoid overlap"
+    test: Literal["mahalanobis", "ellipsoid_overlap", "ellipsoid_overlap_bandpy"] = Field(
+        "mahalanobis",
+        description="bias-vs-uncertainty test, ellipsoid overlap (radius beta), or bandpy LBC's (sqrt(beta))",
     )
     scale: float = Field(
         0.35, gt=0, description="scale of the confidence radius in the test (1 = theory: level delta)"
