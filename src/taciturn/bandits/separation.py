@@ -108,7 +108,7 @@ def bandpy_ellipsoids_disjoint(
 
     Its ellipsoids are {theta : ||theta - theta_hat_k||_{V_k} <= sqrt(scale beta_k)} (beta_k without
     the scale): inside the confidence ellipsoids of Thm 2 unless scale >= beta_k, and beta_k >=
-    sqrt(2 log(1/delta)) > 1 for delta < 0.13. It separates earlier than ``ellipsoids_disjoint`` at
+    sqrt(2 log(1/delta)) > 1 for delta < 0.6. It separates earlier than ``ellipsoids_disjoint`` at
     the same scale, and its delta guarantee holds only where scale >= beta_k.
     """
     dim = theta_i.shape[-1]
