@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 from torch import nn
-from torch.func import functional_call, jacrev, vmap
+from torch.func import functional_call, grad, jacrev, jvp, vmap
 
 from taciturn.tasks.lazy import divergence, linearization_rmse, linearized_fedavg, param_rmse, rmse
 from taciturn.tasks.models import build_model
@@ -112,3 +112,49 @@ def test_linearized_fedavg_with_one_local_step_is_centralized_gradient_descent()
     drift = linearized_fedavg(theta, f0, targets, clients, lr=0.3, local_steps=5, rounds=4)
     assert not torch.allclose(drift, linearized_fedavg(theta, f0, targets, [[0, 1, 2, 3, 4]], 0.3, 5, 4))
     assert math.isclose(float(drift[0].sub(f0).abs().max()), 0.0)
+
+
+def test_linearized_fedavg_is_fedavg_on_the_taylor_model_of_a_nonlinear_network():
+    """Thm 2's f_lin (Jian & Liu, ICML 2025), trained by FedAvg in parameter space: the first-order
+    Taylor model f_lin(w) = f(w0) + J(w0)(w - w0) by torch.func.jvp, its squared-loss gradient by
+    torch.func.grad through it, tau local steps per client, sample-weighted averaging. Its outputs on
+    training and held-out points are linearized_fedavg's with the empirical NTK at w0, to float64
+    precision; the network itself trained by the same FedAvg leaves it."""
+    torch.manual_seed(2)
+    model = build_model("mlp", (5,), 2, parameterization="ntk", hidden=[16, 16]).double()
+    w0 = params_of(model)
+    x, targets = torch.randn(7, 5, dtype=torch.float64), torch.randn(7, 2, dtype=torch.float64)
+    clients, lr, steps, rounds = [[0, 1], [2, 3, 4], [5]], 0.2, 3, 4  # point 6 is held out
+
+    def f(w, points=slice(None)):
+        return functional_call(model, w, (x[points],))
+
+    def f_lin(w, points=slice(None)):
+        base, tangent = jvp(lambda p: f(p, points), (w0,), ({k: w[k] - w0[k] for k in w0},))
+        return base + tangent
+
+    def fedavg(outputs_of):
+        w, trajectory = dict(w0), [outputs_of(w0)]
+        for _ in range(rounds):
+            averaged = {k: torch.zeros_like(v) for k, v in w.items()}
+            for points in clients:
+
+                def loss(p, points=points):
+                    return 0.5 * (outputs_of(p, points) - targets[points]).pow(2).sum() / len(points)
+
+                local = dict(w)
+                for _ in range(steps):
+                    gradient = grad(loss)(local)
+                    local = {k: v - lr * gradient[k] for k, v in local.items()}
+                for k in averaged:
+                    averaged[k] += len(points) / 6 * local[k]
+            w = averaged
+            trajectory.append(outputs_of(w))
+        return torch.stack(trajectory)
+
+    linear = fedavg(f_lin)
+    kernel = linearized_fedavg(
+        empirical_ntk(model, w0, x), f(w0).detach(), targets, clients, lr, steps, rounds
+    )
+    torch.testing.assert_close(kernel, linear.detach(), rtol=1e-10, atol=1e-12)
+    assert rmse(fedavg(f)[-1], linear[-1]) > 1e-3  # Thm 2's quantity is not zero at width 16

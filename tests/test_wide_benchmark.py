@@ -87,8 +87,8 @@ def test_theory_summary_averages_divergence_over_trained_rounds_and_takes_the_re
             ]
             return [{**common, **r} for r in rows]
 
-    floor = {"output_rmse_at_end": 0.5, "floor": 0.25, "nonlinear": 0.125}
-    monkeypatch.setattr(wide_fedavg, "kernel_floor", lambda config, rundir: floor)
+    floor = {"output_rmse_at_end": 0.5, "floor": 0.25, "nonlinear": 0.125, "linearized_fedavg_rmse": 0.0625}
+    monkeypatch.setattr(wide_fedavg, "kernel_comparisons", lambda config, rundir: floor)
     summary = wide_fedavg.theory_summary(None, Run())
     assert summary["divergence"] == 3.0  # (1 + 2 + 6) / 3: round 0 has no divergence
     assert (summary["ntk_change"], summary["linearization_rmse"], summary["weight_change"]) == (
@@ -127,11 +127,33 @@ def test_theory_table_means_over_seeds_then_fits_the_slope_against_width(monkeyp
     layers = {64: {"input layer": 0.5}, 256: {"input layer": 0.25}}
     practical = {1: {"lr": 0.1, "iid": 0.9, "non-iid": 0.8, "gap_points": 10.0, "gap_ci": [4.0, 16.0]}}
     lines = wide_fedavg.markdown(scale, table, layers, practical, "cmd", 1.0).splitlines()
-    assert (
-        "| (b) client divergence (effective weights) | -0.50 | n/a (a width with one seed) | (-0.50) |"
-        in lines
-    )
-    assert "| 64 | 0.2500 | 0.2500 | 0.2500 | 0.2500 | 0.2500 | 0.2500 | 0.2500 / 0.2500 |" in lines
-    assert "| 256 | 0.1250 | 0.1250 | 0.1250 | 0.1250 | 0.1250 | 0.1250 | 0.1250 / 0.1250 |" in lines
+    assert "| (b) client divergence (effective weights) | -0.50 | n/a (one seed) |" in lines
+    assert "| 64 | 0.2500 | 0.2500 | 0.2500 | 0.2500 | 0.2500 | 0.2500 | 0.2500 | 0.2500 / 0.2500 |" in lines
+    assert "| 256 | 0.1250 | 0.1250 | 0.1250 | 0.1250 | 0.1250 | 0.1250 | 0.1250 | 0.1250 / 0.1250 |" in lines
     assert "| 64 | 0.5000 |" in lines and "| 256 | 0.2500 |" in lines  # (b) by layer
-    assert "| 1 | 200 | 0.1 | 0.9000 | 0.8000 | 10.0 | [4.0, 16.0] | 17.4 |" in lines
+    assert "| 1 | 200 | 0.1 | 0.9000 | 0.8000 | 10 | [4, 16] | 17.4 |" in lines  # a 12-point-wide interval
+
+
+def test_decimals_are_those_the_interval_supports():
+    assert wide_fedavg.with_interval(-0.7962, [-0.86, -0.73], "+") == ("-0.8", "[-0.9, -0.7]")  # 0.13 wide
+    assert wide_fedavg.with_interval(-0.7962, [-0.83, -0.75], "+") == ("-0.80", "[-0.83, -0.75]")  # 0.08
+    assert wide_fedavg.with_interval(3.73, [1.2, 6.3]) == ("4", "[1, 6]")
+    assert wide_fedavg.with_interval(3.73, [3.7, 3.7]) == ("3.7300", "[3.7000, 3.7000]")
+    assert wide_fedavg.with_interval(-0.5, None, "+") == ("-0.50", "n/a (one seed)")
+
+
+def test_against_its_linearisation_a_linear_model_s_fedavg_is_its_linearised_fedavg(tmp_path):
+    """The benchmark's comparisons on real runs: a model affine in its parameters is its own Taylor
+    model, so FedAvg and linearised FedAvg agree to float32 precision (and so do the centralized
+    twins); a width-16 MLP moves away from its linearisation."""
+    from taciturn.experiments.runner import start
+    from tests.test_analysis_runs import wide_config
+
+    linear = wide_config(steps=3, lr=0.05, model={"kind": "logreg"}, analysis={"centralized": True})
+    found = wide_fedavg.kernel_comparisons(linear, start(linear, tmp_path / "linear", progress=False))
+    assert found["linearized_fedavg_rmse"] < 1e-5 and found["nonlinear"] < 1e-5
+    assert found["output_rmse_at_end"] > 1e-3  # client drift: three local steps on one-class clients
+    assert found["floor"] == pytest.approx(found["output_rmse_at_end"], abs=1e-5)
+    mlp = wide_config(steps=3, lr=0.5, analysis={"centralized": True})
+    found = wide_fedavg.kernel_comparisons(mlp, start(mlp, tmp_path / "mlp", progress=False))
+    assert found["linearized_fedavg_rmse"] > 1e-3
