@@ -22,7 +22,7 @@ Jian & Liu, "Widening the Network Mitigates the Impact of Data Heterogeneity on 
    for k in {1, 2, 4, 16, 32}, cross-entropy, minibatch SGD: the IID minus non-IID test accuracy
    gap per width, beside the paper's MNIST numbers.
 
-    python benchmarks/wide_fedavg.py            # full: results JSON, plots, docs/benchmarks.md
+    python benchmarks/wide_fedavg.py            # full (est. 2-3 h on 2 idle cores): JSON, plots, docs
     python benchmarks/wide_fedavg.py --quick    # a few minutes, same code at tiny scale (smoke test)
 Run directories go under runs/bench/; a finished run is reused and an interrupted one resumed,
 so a killed benchmark continues where it stopped (--fresh starts everything again).
