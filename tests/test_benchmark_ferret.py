@@ -1,5 +1,8 @@
 """The Ferret benchmark's statistics: seed-stratified per-example bootstrap and its conclusions."""
 
+import dataclasses
+import sys
+
 import numpy as np
 import pytest
 
@@ -164,3 +167,67 @@ def test_speed_docs_block_tables_every_method_and_says_it_is_no_quality_claim():
     assert bench.speed_verdict(results["target"], "full", 3) in body
     # Ferret's shares of its median round, 7.5 s
     assert "projection 1.50 s (20%)" in body and "other 2.00 s (27%)" in body
+
+
+# ----- pieces: the quality run kept piece by piece across sessions -----
+def small_scale(bench):
+    """The smoke protocol cut to one split, one seed, one round and the three methods the report's
+    ratios need: the tiny random model, seconds of CPU."""
+    quick = bench.QUICK
+    return dataclasses.replace(
+        quick,
+        splits={"ni": quick.splits["ni"]},
+        rounds=1,
+        seeds=(0,),
+        methods={k: quick.methods[k] for k in ("ferret", "fedkseed", "fedavg")},
+        timing_only=(),
+    )
+
+
+def test_pieces_read_back_from_the_log_give_the_report_of_the_pieces_as_computed(tmp_path):
+    bench = load_benchmark("ferret")
+    bench.BOOTSTRAP = 50
+    scale, log = small_scale(bench), tmp_path / "runs.jsonl"
+    wanted = bench.pieces(scale)
+    assert [p.method for p in wanted] == ["initial", "ferret", "fedkseed", "fedavg"]
+    computed = bench.run_pieces(scale, wanted, log)
+    assert list(computed) == wanted and len(log.read_text().splitlines()) == 4
+    read = bench.stored(scale, log)
+    assert read == computed  # every number, timings included, survives the JSON line exactly
+    assert bench.report(scale, read) == bench.report(scale, computed)
+    assert bench.run_pieces(scale, wanted, log) == {}  # a rerun reads them back, runs nothing
+    assert len(log.read_text().splitlines()) == 4
+
+
+def test_a_piece_whose_config_or_code_changed_is_not_reused(tmp_path, monkeypatch):
+    bench = load_benchmark("ferret")
+    scale, log = small_scale(bench), tmp_path / "runs.jsonl"
+    fedavg = [p for p in bench.pieces(scale) if p.method in ("initial", "fedavg")]
+    bench.run_pieces(scale, fedavg, log)
+    assert set(bench.stored(scale, log)) == set(fedavg)
+    local = {**scale.methods["fedavg"]["local"], "lr": 0.01}
+    changed = dataclasses.replace(
+        scale, methods={**scale.methods, "fedavg": {"name": "fedavg", "local": local}}
+    )
+    assert [p.method for p in bench.stored(changed, log)] == ["initial"]  # FedAvg's lr is in its key
+    longer = dataclasses.replace(scale, rounds=2)
+    assert bench.stored(longer, log) == {}  # the rounds are in every config, the initial model's too
+    monkeypatch.setattr(sys.modules["run_key"], "CODE_VERSION", "another version of src/taciturn")
+    assert bench.stored(scale, log) == {}
+
+
+def test_missing_pieces_are_listed_as_commands_with_the_estimate_from_the_per_round_figures():
+    bench = load_benchmark("ferret")
+    full = bench.FULL
+    # per split and seed: initial 60 s, then 10 rounds x s/round + 120 s of evaluation per method:
+    # FedAvg 460, Ferret 450, per-client seeds 520, FedKSeed 1,500 -> 2,990 s; 6 of them, plus the
+    # two timing-only variants on ni seed 0 (530 + 470): 18,940 s
+    assert sum(bench.estimate_s(full, p) for p in bench.pieces(full)) == 18_940
+    missing = [p for p in bench.pieces(full) if p.split == "dolly" and p.seed == 2]
+    missing += [p for p in bench.pieces(full) if (p.split, p.seed, p.method) == ("ni", 0, "initial")]
+    assert bench.missing_report(full, missing).splitlines() == [
+        "6 pieces missing; the report is written when every piece is stored:",
+        "  --split dolly --seeds 2 --methods ferret,ferret_per_client,fedkseed,fedavg  (estimate: 50 min)",
+        "  --split ni --seeds 0  (estimate: 1 min)",
+        "estimated 0.8 h in all (per-round timings of the speed run; evaluation guessed)",
+    ]
