@@ -472,14 +472,18 @@ def model_identity(model: tuple) -> str:
 
 
 def piece_key(scale: Scale, piece: Piece) -> str:
-    """The piece's resolved config (the initial model's: FedAvg's data and model), its name, torch's
-    threads, the model's identity and the code of src/taciturn (run_key). This file's own
-    measurement code (run_method, per_example) is not in the key: a change to it that changes the
-    numbers must drop the stored pieces by hand."""
+    """The piece's resolved config (the initial model's: the config without its algorithm table),
+    its name, torch's threads, the model's identity and the code of src/taciturn (run_key). This
+    file's own measurement code (run_method, per_example) is not in the key: a change to it that
+    changes the numbers must drop the stored pieces by hand."""
     algorithm = scale.methods["fedavg" if piece.method == INITIAL else piece.method]
     config = config_for(scale, piece.split, piece.seed, algorithm)
+    if piece.method == INITIAL:
+        resolved = json.dumps(config.model_dump(mode="json", exclude={"algorithm"}), sort_keys=True)
+    else:
+        resolved = to_toml(config)
     model = model_identity(tuple(sorted(scale.model.items())))
-    return run_key(to_toml(config), piece.method, f"threads={THREADS}", model)
+    return run_key(resolved, piece.method, f"threads={THREADS}", model)
 
 
 def runs_log(scale: Scale) -> Path:
