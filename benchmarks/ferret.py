@@ -965,7 +965,7 @@ def main() -> None:
     run_pieces(scale, selected(scale, args, parser), log)
     done = stored(scale, log)
     if missing := [p for p in pieces(scale) if p not in done]:
-        console.print(missing_report(scale, missing), markup=False)
+        console.print(missing_report(scale, missing), markup=False, soft_wrap=True)
         return
     results = report(scale, done)
     path.parent.mkdir(parents=True, exist_ok=True)
