@@ -48,9 +48,14 @@ def cluster(tmp_path_factory):
     """Head and worker node on 127.0.0.1 (Ray otherwise advertises the machine's routable address)."""
     previous = signal.signal(signal.SIGALRM, _timeout)
     signal.alarm(MODULE_LIMIT_S)
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # for the node processes Ray starts
+    env = pytest.MonkeyPatch()
+    env.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # for the node processes Ray starts
     ray._private.ray_constants.ENABLE_RAY_CLUSTER = False  # for this one: loopback addresses
     temp = tmp_path_factory.mktemp("ray")
+    # Ray records the head's address in $RAY_TMPDIR/ray/ray_current_cluster (default /tmp/ray),
+    # a folder it does not create: keep it inside this test's own temporary folder.
+    (temp / "ray").mkdir()
+    env.setenv("RAY_TMPDIR", str(temp))
     nodes = Cluster(
         initialize_head=True,
         head_node_args={
@@ -69,6 +74,7 @@ def cluster(tmp_path_factory):
     finally:
         ray.shutdown()
         nodes.shutdown()
+        env.undo()
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
 
