@@ -9,6 +9,16 @@ import pytest
 from tests.benchmark_module import load_benchmark
 
 
+class SilentProgress:
+    """The rich progress bar's interface, showing nothing."""
+
+    def add_task(self, *args, **kwargs):
+        return 0
+
+    def advance(self, *args):
+        pass
+
+
 def test_quick_benchmark_writes_final_regret_and_f1_per_setting(tmp_path, monkeypatch):
     bench = load_benchmark("bass")
     monkeypatch.setitem(bench.QUICK, "horizon", 100)  # smaller still than --quick: a test is not a smoke run
@@ -98,15 +108,8 @@ def test_the_pilot_picks_the_lowest_mean_regret_relative_to_each_settings_best(m
     monkeypatch.setattr(bench, "config", config)
     monkeypatch.setattr(bench, "simulate", simulate)
 
-    class Progress:
-        def add_task(self, *args, **kwargs):
-            return 0
-
-        def advance(self, *args):
-            pass
-
     scale = {"horizon": 10, "pilot": {"settings": ("N2_C2", "N6_none"), "repetitions": 3}, "repetitions": 10}
-    chosen, table = bench.pilot(scale, Progress())
+    chosen, table = bench.pilot(scale, SilentProgress())
     assert chosen == {"club": (0.1, 1.0)}
     assert table == {
         "club": {
@@ -163,13 +166,6 @@ def test_a_pilot_of_ten_runs_sees_the_run_that_locks_and_three_do_not(monkeypatc
     monkeypatch.setattr(bench, "config", config)
     monkeypatch.setattr(bench, "simulate", simulate)
 
-    class Progress:
-        def add_task(self, *args, **kwargs):
-            return 0
-
-        def advance(self, *args):
-            pass
-
     scale = bench.FULL | {"pilot": {"settings": ("N6_C2",), "repetitions": runs}}
-    assert bench.pilot(scale, Progress())[0] == {"oracle": (chosen, None)}
+    assert bench.pilot(scale, SilentProgress())[0] == {"oracle": (chosen, None)}
     assert bench.FULL["pilot"]["repetitions"] == 10
