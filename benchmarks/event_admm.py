@@ -36,9 +36,7 @@ import math
 import os
 import shutil
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +48,7 @@ from rich.console import Console
 from rich.table import Table
 from run_key import run_key
 from sweep import Grid, budget, grid
+from workers import one_run_per_core
 
 from taciturn.core.params import norm, sub
 from taciturn.experiments.config import to_toml, validate
@@ -326,10 +325,6 @@ def baseline_run(
     return runs, None
 
 
-def _one_thread() -> None:
-    torch.set_num_threads(1)  # one run per core: runs of this small MLP do not scale past one thread
-
-
 def sweep(setting: dict[str, Any], seeds: int, jobs: int) -> tuple[list[Run], list[Run]]:
     """Every method's grid at every seed; returns (candidate runs, calibration runs), ordered by
     seed, then method, then grid point, whatever order the ``jobs`` worker processes finish in.
@@ -346,14 +341,15 @@ def sweep(setting: dict[str, Any], seeds: int, jobs: int) -> tuple[list[Run], li
     ]
     runs: list[Run] = []
     calibrations: list[Run] = []
-    with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_one_thread) as pool:
+    with one_run_per_core(jobs) as pool:
         for task_runs, calibration in pool.map(_call, tasks):
             runs += task_runs
             calibrations += [calibration] if calibration is not None else []
     order = {m: i for i, m in enumerate(METHODS)}
     knobs = {m: [knob_label(p) for p in g.points] for m, g in grids(setting).items()}
     runs.sort(key=lambda r: (r.seed, order[r.method], knobs[r.method].index(r.knob)))
-    calibrations.sort(key=lambda r: (r.seed, setting["rho_grid"].index(float(r.knob.split("=")[1]))))
+    rhos = [knob_label({"rho": rho}) for rho in setting["rho_grid"]]  # the calibrations' knobs
+    calibrations.sort(key=lambda r: (r.seed, rhos.index(r.knob)))
     return runs, calibrations
 
 

@@ -30,8 +30,7 @@ import json
 import math
 import shutil
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
+from concurrent.futures import as_completed
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from docs_section import markdown_table, replace_section
 from intervals import IntervalError, t_interval
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from workers import one_run_per_core
 
 from taciturn.core.channel import Channel
 from taciturn.core.codec import encode
@@ -159,12 +159,6 @@ def stored_accuracies(log: Path, jobs: dict[str, dict[str, Any]]) -> dict[str, f
     }
 
 
-def _one_thread() -> None:
-    import torch
-
-    torch.set_num_threads(1)  # one process per core: threads would only fight over the same cores
-
-
 def run_all(jobs: dict[str, dict[str, Any]], log: Path, workers: int) -> dict[str, float]:
     """Final accuracy of every job (name: config tree). Runs already in ``log`` are reused; the rest
     go to a process pool and each is appended to ``log`` as it finishes, so an interrupted benchmark
@@ -177,7 +171,7 @@ def run_all(jobs: dict[str, dict[str, Any]], log: Path, workers: int) -> dict[st
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with (
         Progress(*columns, console=console) as progress,
-        ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_one_thread) as pool,
+        one_run_per_core(workers) as pool,
         log.open("a") as sink,
     ):
         task = progress.add_task("runs", total=len(todo))
