@@ -275,25 +275,31 @@ def test_shared_bases_are_up_to_n_times_noisier_than_per_client_seeds():
             assert errors.mean() == pytest.approx(expected, abs=5 * errors.std() / math.sqrt(n))
 
 
+def play_round(algorithm, state, store, round, clients):
+    """One round of ``clients``, each training to a seeded random model; returns the server's new
+    state and each client's LocalTraining (what it caught up to)."""
+    downlink = algorithm.downlink(state, round, clients)
+    arrivals, works = [], []
+    for c in clients:
+        message = Message(dict(downlink[c].arrays), dict(downlink[c].meta))
+        ctx = ClientContext(c, round, message, store.get(c), 10, algorithm.streams, None, None)
+        work = algorithm.client_begin(ctx)
+        works.append(work)
+        g = torch.Generator().manual_seed(100 * round + c)
+        trained = {k: v - 0.01 * torch.randn(v.shape, generator=g) for k, v in work.params.items()}
+        out = algorithm.client_end(ctx, work, TrainResult(trained, None, 1, 0.5))
+        store.put(c, out.state)
+        arrivals.append(Arrival(c, out.uplink))
+    return algorithm.aggregate(state, round, arrivals), works
+
+
 def run_with_a_skipping_client(seeds, cache_mib):
     """Three rounds; client 0 trains in round 1 only, then comes back in round 4 and catches up."""
     params = tiny_params()
     algorithm, state = make_ferret(params, num_clients=3, seeds=seeds, replay_cache_mib=cache_mib)
     store = MemoryStateStore()
     for round in (1, 2, 3):  # client 0 trains in round 1 only; clients 1 and 2 in every round
-        clients = [0, 1, 2] if round == 1 else [1, 2]
-        downlink = algorithm.downlink(state, round, clients)
-        arrivals = []
-        for c in clients:
-            message = Message(dict(downlink[c].arrays), dict(downlink[c].meta))
-            ctx = ClientContext(c, round, message, store.get(c), 10, algorithm.streams, None, None)
-            work = algorithm.client_begin(ctx)
-            g = torch.Generator().manual_seed(100 * round + c)
-            trained = {k: v - 0.01 * torch.randn(v.shape, generator=g) for k, v in work.params.items()}
-            out = algorithm.client_end(ctx, work, TrainResult(trained, None, 1, 0.5))
-            store.put(c, out.state)
-            arrivals.append(Arrival(c, out.uplink))
-        state = algorithm.aggregate(state, round, arrivals)
+        state, _ = play_round(algorithm, state, store, round, [0, 1, 2] if round == 1 else [1, 2])
     down = algorithm.downlink(state, 4, [0])[0]
     ctx = ClientContext(0, 4, down, store.get(0), 10, algorithm.streams, None, None)
     return algorithm, state, down, algorithm.client_begin(ctx).params
@@ -306,25 +312,13 @@ def test_the_clients_of_a_round_share_one_caught_up_model_equal_to_the_servers()
     for order in ([0, 1], [1, 0]):
         algorithm, state = make_ferret(tiny_params(), num_clients=2, replay_cache_mib=0)
         store = MemoryStateStore()
-        for round, clients in ((1, [0, 1]), (2, [1]), (3, order)):
-            downlink = algorithm.downlink(state, round, clients)
-            arrivals, works = [], []
-            for c in clients:
-                ctx = ClientContext(c, round, downlink[c], store.get(c), 10, algorithm.streams, None, None)
-                work = algorithm.client_begin(ctx)
-                works.append(work)
-                g = torch.Generator().manual_seed(100 * round + c)
-                trained = {k: v - 0.01 * torch.randn(v.shape, generator=g) for k, v in work.params.items()}
-                out = algorithm.client_end(ctx, work, TrainResult(trained, None, 1, 0.5))
-                store.put(c, out.state)
-                arrivals.append(Arrival(c, out.uplink))
-            if round < 3:
-                state = algorithm.aggregate(state, round, arrivals)
-        first, second = works
+        state, _ = play_round(algorithm, state, store, 1, [0, 1])
+        w2, _ = play_round(algorithm, state, store, 2, [1])
+        assert [int(x) for x in w2.synced] == [0, 1]  # client 0 holds w_0, client 1 w_1
+        _, (first, second) = play_round(algorithm, w2, store, 3, order)
         assert second.params is first.params  # one replay for the round, one copy in the states
-        for name, value in state.params.items():
+        for name, value in w2.params.items():
             assert torch.equal(first.params[name], value)
-        assert downlink[0].meta["first_round"] == 1 and downlink[1].meta["first_round"] == 2
 
 
 @pytest.mark.parametrize("seeds", ["shared", "per_client"])
