@@ -28,8 +28,8 @@ The full run is longer than a work session, so it runs in pieces: one (split, se
 plus each (split, seed)'s initial model. A finished piece's result (per-example scores, held-out
 loss by round, timings, bytes, peak RSS, settings) is appended at once as one JSON line to
 benchmarks/results/ferret_runs.jsonl (smoke: ferret_smoke_runs.jsonl; commit it), keyed by a hash
-of its resolved config, the model file and library versions, and the code of src/taciturn
-(run_key.py). A rerun reads stored pieces back instead of running them; a piece whose key changed
+of its resolved config, the model file and library versions, and the library code simulation runs
+execute (run_key.py). A rerun reads stored pieces back instead of running them; a piece whose key changed
 runs again. ``--split``, ``--seeds`` and ``--methods`` (comma-separated) run only the pieces they
 choose; the model is loaded once per (split, seed). The report is written only when every piece
 is stored; otherwise the missing pieces are listed with an estimate of their time:
@@ -473,9 +473,9 @@ def model_identity(model: tuple) -> str:
 
 def piece_key(scale: Scale, piece: Piece) -> str:
     """The piece's resolved config (the initial model's: the config without its algorithm table),
-    its name, torch's threads, the model's identity and the code of src/taciturn (run_key). This
-    file's own measurement code (run_method, per_example) is not in the key: a change to it that
-    changes the numbers must drop the stored pieces by hand."""
+    its name, torch's threads, the model's identity and the library code of simulation runs
+    (run_key). This file's own measurement code (run_method, per_example) is not in the key: a
+    change to it that changes the numbers must drop the stored pieces by hand."""
     algorithm = scale.methods["fedavg" if piece.method == INITIAL else piece.method]
     config = config_for(scale, piece.split, piece.seed, algorithm)
     if piece.method == INITIAL:

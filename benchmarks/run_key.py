@@ -1,18 +1,51 @@
 """Keys of cached benchmark runs, and the JSON-lines files that keep finished runs across sessions.
 
 A finished run is reused only when its key is unchanged: a hash of what the caller says the run
-depends on (its resolved config, and e.g. the model file) and of the code of src/taciturn, so any
-change to the library reruns everything that depends on it.
+depends on (its resolved config, and e.g. the model file) and of the library code a simulation
+run executes, so a change to that code reruns everything that depends on it.
+
+That code is the import closure of SIMULATION_ENTRY (the runner, every algorithm, the language
+task the runner imports lazily), not all of src/taciturn: a benchmark's pieces are made over several
+sessions, and a change to code no simulation run executes (bandits/, rl/, deploy/, the Ray
+executor, the CLI) must not throw away hours of stored runs.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "taciturn"
-CODE_VERSION = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(SRC.rglob("*.py")))).hexdigest()
+SIMULATION_ENTRY = ("taciturn.experiments.runner", "taciturn.experiments.language", "taciturn.algorithms")
+
+
+def simulation_modules() -> dict[str, Path]:
+    """Every taciturn module that importing SIMULATION_ENTRY loads, by name, with its source file.
+
+    Found in a fresh interpreter: this one may already hold modules a test or the caller imported."""
+    probe = (
+        f"import importlib, json, sys\nfor name in {SIMULATION_ENTRY!r}: importlib.import_module(name)\n"
+        "print(json.dumps({n: getattr(m, '__file__', None) for n, m in sys.modules.items()}))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC.parent), os.environ.get("PYTHONPATH", "")])}
+    found = subprocess.run([sys.executable, "-c", probe], env=env, check=True, capture_output=True, text=True)
+    loaded = json.loads(found.stdout)
+    return {n: Path(f) for n, f in sorted(loaded.items()) if n.split(".")[0] == "taciturn" and f}
+
+
+def code_version(modules: dict[str, Path]) -> str:
+    """sha256 over each module's name and source."""
+    digest = hashlib.sha256()
+    for name, path in modules.items():
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+CODE_VERSION = code_version(simulation_modules())
 
 
 def run_key(*parts: str) -> str:
