@@ -18,7 +18,10 @@ reach target accuracies, accuracy against events, and runs with dropped messages
 * Conclusions (savings) are printed only where the 95% intervals separate.
 
 Every run is a normal taciturn run directory under benchmarks/runs/event_admm/ (compare any two
-with `taciturn compare`).
+with `taciturn compare`). What the tables need of a finished run (accuracy and messages per round, a
+calibration's trigger ratios) is appended to benchmarks/results/event_admm_runs.jsonl (commit it),
+keyed by the run's config and the simulation code (run_key.py): a grid longer than a work session
+runs over several, and an interrupted one loses only the runs in progress.
 
     python benchmarks/event_admm.py --quick          # smoke run: the same code at tiny scale
     python benchmarks/event_admm.py                  # settings A and B, 3 seeds, results and docs
@@ -46,14 +49,13 @@ from docs_section import markdown_table, replace_section
 from intervals import separated, t_interval
 from rich.console import Console
 from rich.table import Table
-from run_key import run_key
+from run_key import append_run, read_runs, run_key
 from sweep import Grid, budget, grid
 from workers import one_run_per_core
 
 from taciturn.core.params import norm, sub
 from taciturn.experiments.config import to_toml, validate
 from taciturn.experiments.runner import RoundEnd, start
-from taciturn.report.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "benchmarks" / "runs" / "event_admm"
@@ -72,6 +74,7 @@ EVENT = {
     "event_admm_progress": ("progress", 0.0, 1.0, "same"),  # ||v - last|| / N >= Delta ||z step||
 }
 METHODS = (*EVENT, *BASELINES)
+ROW_FIELDS = ("round", "accuracy", "messages_up", "messages_down", "bytes_up", "bytes_down")
 SMOOTH = 3  # evaluations in the trailing mean that must reach a target
 
 
@@ -247,24 +250,16 @@ def run_one(
         previous_z["z"] = {k: v.clone() for k, v in z.items()}
 
     folder = RUNS / tree["name"]
-    # A finished run is reused when its config and the code are unchanged (a crash costs only the run it hit).
+    # A finished run is kept in the runs log, reused while its config and the simulation code are
+    # unchanged (run_key): the grids take longer than a work session, so they run over several.
     key = run_key(to_toml(config))
-    done = folder / "benchmark.json"
+    log = runs_log(setting)
     vectors = 2 if method == "scaffold" else 1
     agents, rounds = config.partition.num_clients, config.rounds
-    if done.exists() and (cached := json.loads(done.read_text()))["key"] == key:  # same config, same code
-        rows = RunDir(folder).read_metrics()
+    if (stored := read_runs(log).get(key)) is not None:
+        rows, wall = stored["rows"], stored["wall_s"]
         return Run(
-            method,
-            knob,
-            seed,
-            rows,
-            vectors,
-            agents,
-            rounds,
-            cached["wall_s"],
-            cached["ratios"],
-            cached["z_changes"],
+            method, knob, seed, rows, vectors, agents, rounds, wall, stored["ratios"], stored["z_changes"]
         )
     started = time.perf_counter()
     rundir = start(config, folder, overwrite=True, progress=False, callbacks=(observe,))
@@ -272,8 +267,16 @@ def run_one(
     # Only the metrics matter here: drop client state and checkpoints (hundreds of MB per run).
     (folder / "client_state.bin").unlink(missing_ok=True)
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
-    done.write_text(json.dumps({"key": key, "wall_s": wall, "ratios": ratios, "z_changes": z_changes}))
-    return Run(method, knob, seed, rundir.read_metrics(), vectors, agents, rounds, wall, ratios, z_changes)
+    rows = [{field: row[field] for field in ROW_FIELDS} for row in rundir.read_metrics()]
+    ratios = ratios if method == "calibration" else {}  # only a calibration's set thresholds
+    record = {"key": key, "name": tree["name"], "wall_s": wall, "rows": rows, "ratios": ratios}
+    append_run(log, record | {"z_changes": z_changes})
+    return Run(method, knob, seed, rows, vectors, agents, rounds, wall, ratios, z_changes)
+
+
+def runs_log(setting: dict[str, Any]) -> Path:
+    """Finished runs, one JSON line each (commit it); the smoke run's never mix with the full run's."""
+    return RESULTS / ("event_admm_quick_runs.jsonl" if setting["prefix"] else "event_admm_runs.jsonl")
 
 
 def calibrate(setting: dict[str, Any], rho: float, seed: int) -> Run:
@@ -603,7 +606,9 @@ def main(argv: list[str] | None = None) -> int:
         image = (RUNS if args.quick else IMAGES) / f"event_admm_{name}.png"  # a smoke run stays out of docs
         results[name]["plot"] = str(plot_pareto(name, runs, results[name]["pareto"], image).relative_to(ROOT))
         results[name]["settings"] = {k: v for k, v in setting.items() if k not in ("name", "prefix")}
+        results[name]["command"] = command
     out = RESULTS / ("event_admm_quick.json" if args.quick else "event_admm.json")
+    results = with_earlier_settings(results, out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     console.print(f"results: {out}")
@@ -614,6 +619,17 @@ def main(argv: list[str] | None = None) -> int:
         docs = replace_section("event_admm", render(results), "Event-based ADMM against its baselines")
         console.print(f"docs: {docs}")
     return 0
+
+
+def with_earlier_settings(results: dict[str, Any], out: Path) -> dict[str, Any]:
+    """``results`` and the settings of the results file ``out`` that this invocation did not run,
+    if they were made with the same seeds and rho grid: running ``--settings B`` keeps A's tables."""
+    if not out.exists():
+        return results
+    earlier = json.loads(out.read_text())
+    if (earlier.get("seeds"), earlier.get("rho_grid")) != (results["seeds"], results["rho_grid"]):
+        return results
+    return results | {name: earlier[name] for name in ("A", "B") if name in earlier and name not in results}
 
 
 def _ci(best: dict[str, Any] | None, scale: float = 1.0, digits: int = 0) -> str:
@@ -629,8 +645,8 @@ def render(results: dict[str, Any]) -> str:
     """The generated part of the docs section: every table of every setting."""
     smoke = " **Smoke run (--quick): tiny data and few rounds; no conclusion may be drawn.**"
     parts = [
-        f"Command: `{results['command']}` (results: `benchmarks/results/event_admm"
-        f"{'_quick' if results['quick'] else ''}.json`). Seeds: {results['seeds']}; "
+        f"Results: `benchmarks/results/event_admm{'_quick' if results['quick'] else ''}.json`, each "
+        f"setting with the command that ran it. Seeds: {results['seeds']}; "
         f"rho grid {results['rho_grid']}." + (smoke if results["quick"] else "")
     ]
     for name in ("A", "B"):
@@ -649,7 +665,8 @@ def render_setting(name: str, res: dict[str, Any]) -> list[str]:
         return _ci(None if mean is None else {"mean": mean, "ci": ci}, scale, digits)
 
     parts = [
-        f"### Setting {name}\n\nSettings: `{json.dumps(res['settings'])}`. Best mean accuracy of any "
+        f"### Setting {name}\n\nCommand: `{res['command']}`. "
+        f"Settings: `{json.dumps(res['settings'])}`. Best mean accuracy of any "
         f"configuration (trailing mean of {SMOOTH} evaluations): {res['ceiling']:.4f}; targets sit "
         "below it.",
         "Communication events to reach each target: each method at its configuration with the fewest "
