@@ -12,6 +12,7 @@ executor, the CLI) must not throw away hours of stored runs.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -61,7 +62,10 @@ def read_runs(log: Path) -> dict[str, dict]:
 
 
 def append_run(log: Path, record: dict) -> None:
-    """One record as one line, flushed at once: a run that finished survives a crash after it."""
+    """One record as one line, flushed at once: a run that finished survives a crash after it.
+    Worker processes append to one log: the lock keeps two long lines whole even where a write is
+    split or the file system does not make appends atomic (a network file system)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as sink:
+        fcntl.flock(sink, fcntl.LOCK_EX)
         sink.write(json.dumps(record) + "\n")
