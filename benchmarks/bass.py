@@ -17,7 +17,7 @@ at a small alpha a few runs in ten lock onto a suboptimal arm and three runs did
 (bass_traces.py traces them), and scored by the upper end of the 95% interval of the mean, which
 charges a grid point for the runs that lock.
 
-    python benchmarks/bass.py --jobs 2   # full: ~1.5 CPU-hours; writes results/bass.json, docs
+    python benchmarks/bass.py --jobs 2   # full: ~15 min on 2 cores; writes results/bass.json, docs
     python benchmarks/bass.py --quick    # smoke run of the same code at tiny scale (a few minutes)
 """
 
