@@ -268,7 +268,7 @@ def run_one(
     (folder / "client_state.bin").unlink(missing_ok=True)
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
     rows = [{field: row[field] for field in ROW_FIELDS} for row in rundir.read_metrics()]
-    ratios = ratios if method == "calibration" else {}  # only a calibration's set thresholds
+    ratios = ratios if method == "calibration" else {}  # only a calibration's ratios set thresholds
     record = {"key": key, "name": tree["name"], "wall_s": wall, "rows": rows, "ratios": ratios}
     append_run(log, record | {"z_changes": z_changes})
     return Run(method, knob, seed, rows, vectors, agents, rounds, wall, ratios, z_changes)
