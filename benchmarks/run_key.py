@@ -32,7 +32,8 @@ def simulation_modules() -> dict[str, Path]:
         f"import importlib, json, sys\nfor name in {SIMULATION_ENTRY!r}: importlib.import_module(name)\n"
         "print(json.dumps({n: getattr(m, '__file__', None) for n, m in sys.modules.items()}))"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC.parent), os.environ.get("PYTHONPATH", "")])}
+    paths = [str(SRC.parent), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}  # no empty entry: it would mean "cwd"
     found = subprocess.run([sys.executable, "-c", probe], env=env, check=True, capture_output=True, text=True)
     loaded = json.loads(found.stdout)
     return {n: Path(f) for n, f in sorted(loaded.items()) if n.split(".")[0] == "taciturn" and f}
