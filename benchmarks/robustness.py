@@ -10,9 +10,10 @@ Issue 18's benchmark. Fashion-MNIST, Dirichlet(0.5) over 100 clients, 10 a round
   (sparse, k = 8) for 10/50/100 clients a round, against the plain model's bytes, from the ledger.
 
 Every run is a taciturn run directory under benchmarks/runs/robustness/. Each finished run's config and
-final accuracy is appended to benchmarks/results/robustness_runs.jsonl (quick: robustness_quick_runs.jsonl);
-a rerun reuses every run whose config is unchanged, so an interrupted benchmark continues where it
-stopped. Runs go to ``--workers`` processes of one torch thread each.
+final accuracy is appended to benchmarks/results/robustness_runs.jsonl (quick: robustness_quick_runs.jsonl)
+under its key (run_key.py: the config and the simulation code); a rerun reuses every run whose key is
+unchanged, so an interrupted benchmark continues where it stopped. Runs go to ``--workers`` processes
+of one torch thread each.
 
     python benchmarks/robustness.py --quick     # smoke: the same code at tiny scale, labelled so
     python benchmarks/robustness.py             # the full grid: 396 runs, about an hour on 2 idle cores
@@ -39,6 +40,7 @@ from docs_section import markdown_table, replace_section
 from intervals import IntervalError, t_interval
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from run_key import append_run, read_runs, run_key
 from workers import one_run_per_core
 
 from taciturn.core.channel import Channel
@@ -143,20 +145,16 @@ def final_accuracy(name: str, config_tree: dict[str, Any]) -> float:
     return float(rows[-1]["accuracy"])
 
 
+def job_key(config_tree: dict[str, Any]) -> str:
+    """Two jobs with one config are one run; a change to the simulation code changes every key."""
+    return run_key(json.dumps(config_tree, sort_keys=True))
+
+
 def stored_accuracies(log: Path, jobs: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """The final accuracy of every job that ``log`` (JSON lines of name, config, accuracy) holds for
-    exactly that job's config; a job whose config changed since is left out, to be run again."""
-    if not log.exists():
-        return {}
-    stored = {}
-    for line in log.read_text().splitlines():
-        row = json.loads(line)
-        stored[row["name"]] = row  # a later line for the same name wins
-    return {
-        name: stored[name]["accuracy"]
-        for name, tree in jobs.items()
-        if name in stored and stored[name]["config"] == json.loads(json.dumps(tree))
-    }
+    """The final accuracy of every job whose key ``log`` holds; a job whose config or simulation
+    code changed since is left out, to be run again."""
+    rows = read_runs(log)
+    return {name: rows[k]["accuracy"] for name, tree in jobs.items() if (k := job_key(tree)) in rows}
 
 
 def run_all(jobs: dict[str, dict[str, Any]], log: Path, workers: int) -> dict[str, float]:
@@ -169,18 +167,14 @@ def run_all(jobs: dict[str, dict[str, Any]], log: Path, workers: int) -> dict[st
         f"{len(jobs)} runs: {len(done)} stored in {log.name}, {len(todo)} to run on {workers} processes"
     )
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with (
-        Progress(*columns, console=console) as progress,
-        one_run_per_core(workers) as pool,
-        log.open("a") as sink,
-    ):
+    with Progress(*columns, console=console) as progress, one_run_per_core(workers) as pool:
         task = progress.add_task("runs", total=len(todo))
         futures = {pool.submit(final_accuracy, name, tree): name for name, tree in todo.items()}
         for future in as_completed(futures):
             name = futures[future]
             done[name] = future.result()
-            sink.write(json.dumps({"name": name, "config": todo[name], "accuracy": done[name]}) + "\n")
-            sink.flush()
+            record = {"key": job_key(todo[name]), "name": name, "config": todo[name]}
+            append_run(log, record | {"accuracy": done[name]})
             progress.advance(task)
     return done
 

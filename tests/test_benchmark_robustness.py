@@ -1,5 +1,6 @@
 """benchmarks/robustness.py: the code that turns runs into published numbers."""
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -87,20 +88,20 @@ def test_docs_label_a_smoke_run_and_print_intervals_only_where_there_are_seeds(r
     assert "--quick" in written["body"]
 
 
-def test_a_stored_run_is_reused_only_for_the_same_config(robustness, tmp_path):
+def test_a_stored_run_is_reused_only_for_the_same_config_and_code(robustness, tmp_path, monkeypatch):
     log = tmp_path / "runs.jsonl"
     config = {"seed": 0, "rounds": 5, "attack": {"kind": "scale", "fraction": 0.2}}
-    log.write_text(
-        '{"name": "a", "config": {"seed": 0, "rounds": 5, "attack": {"kind": "scale", "fraction": 0.2}}, '
-        '"accuracy": 0.5}\n'
-        '{"name": "a", "config": {"seed": 0, "rounds": 5, "attack": {"kind": "scale", "fraction": 0.2}}, '
-        '"accuracy": 0.61}\n'
-        '{"name": "b", "config": {"seed": 0, "rounds": 4}, "accuracy": 0.7}\n'
-    )
-    jobs = {"a": config, "b": {"seed": 0, "rounds": 5}, "c": config}
-    # a: the later line wins; b: its config changed since, so it runs again; c: never run
-    assert robustness.stored_accuracies(log, jobs) == {"a": 0.61}
+    reordered = {"attack": {"fraction": 0.2, "kind": "scale"}, "rounds": 5, "seed": 0}
+    for accuracy in (0.5, 0.61):  # the later line wins
+        robustness.append_run(log, {"key": robustness.job_key(config), "accuracy": accuracy})
+    robustness.append_run(log, {"key": robustness.job_key({"seed": 0, "rounds": 4}), "accuracy": 0.7})
+    jobs = {"a": config, "b": {"seed": 0, "rounds": 5}, "c": reordered}
+    # b: its config changed since, so it runs again; c: a's config, its keys in another order
+    assert robustness.stored_accuracies(log, jobs) == {"a": 0.61, "c": 0.61}
     assert robustness.stored_accuracies(tmp_path / "none.jsonl", jobs) == {}
+    run_key_module = sys.modules[robustness.run_key.__module__]
+    monkeypatch.setattr(run_key_module, "CODE_VERSION", "other code")
+    assert robustness.stored_accuracies(log, jobs) == {}  # the simulation code changed: all run again
 
 
 def test_the_target_picks_the_best_rule_and_asks_its_interval_to_clear_clean_minus_3_points(robustness):
