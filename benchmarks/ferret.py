@@ -359,18 +359,26 @@ def bootstrap(by_method: dict[str, list[dict]], rng: np.random.Generator) -> dic
     return out
 
 
-def summarize(runs: dict[str, list[dict]], initial: list[dict], rng: np.random.Generator) -> dict:
-    """One split: every method's numbers over its seeds, with intervals."""
+def ratio_within_seeds(runs: dict[int, dict], base: dict[int, dict]) -> float:
+    """Seconds per round over the base method's, seed by seed, then the geometric mean over the
+    seeds the run has. A split's seeds may run in different sessions, on machines of different speed
+    (docs/benchmarks.md); within a seed the methods ran one after another on one machine."""
+    return float(np.exp(np.mean([np.log(r["s_per_round"] / base[s]["s_per_round"]) for s, r in runs.items()])))
+
+
+def summarize(by_seed: dict[str, dict[int, dict]], initial: list[dict], rng: np.random.Generator) -> dict:
+    """One split: every method's numbers over its seeds (method -> seed -> run), with intervals."""
+    runs = {name: list(seeds.values()) for name, seeds in by_seed.items()}
     scored = {n: [r["examples"] for r in rs] for n, rs in runs.items() if "examples" in rs[0]}
     stats = bootstrap({"(initial)": initial, **scored}, rng)
-    fedavg_s = np.mean([r["s_per_round"] for r in runs["fedavg"]])
     methods = {}
     for name, rs in runs.items():
         m = {
             "bytes_up_per_client_round": float(np.mean([r["bytes_up_per_client_round"] for r in rs])),
             "bytes_down_per_client_round": float(np.mean([r["bytes_down_per_client_round"] for r in rs])),
             "s_per_round": float(np.mean([r["s_per_round"] for r in rs])),
-            "s_per_round_ratio_to_fedavg": float(np.mean([r["s_per_round"] for r in rs]) / fedavg_s),
+            "s_per_round_ratio_to_fedavg": ratio_within_seeds(by_seed[name], by_seed["fedavg"]),
+            "s_per_round_ratio_to_ferret": ratio_within_seeds(by_seed[name], by_seed["ferret"]),
             "peak_rss_gib": float(max(r["peak_rss_gib"] for r in rs)),
             "test_loss_by_round": np.mean([r["test_loss_by_round"] for r in rs], axis=0).tolist(),
             "seeds_run": len(rs),
@@ -582,13 +590,13 @@ def report(scale: Scale, done: dict[Piece, dict]) -> dict:
     results["clients_per_round"] = scale.clients_per_round
     rng = np.random.default_rng(0)
     for split_index, split in enumerate(scale.splits):
-        runs: dict[str, list[dict]] = defaultdict(list)
+        runs: dict[str, dict[int, dict]] = defaultdict(dict)
         initials = []
         for piece in (p for p in pieces(scale) if p.split == split):
             if piece.method == INITIAL:
                 initials.append(done[piece])
             else:
-                runs[piece.method].append(done[piece])
+                runs[piece.method][piece.seed] = done[piece]
         summary = summarize(runs, [i["examples"] for i in initials], rng)
         if split_index == 0:  # the NI-style split keeps the file's original top-level keys
             results.update(
@@ -619,12 +627,12 @@ def ratios(results: dict) -> dict[str, float]:
     out = {
         "fedavg_over_ferret_traffic": traffic("fedavg") / traffic("ferret"),
         "ferret_over_fedavg_s_per_round": m["ferret"]["s_per_round_ratio_to_fedavg"],
-        "fedkseed_over_ferret_s_per_round": m["fedkseed"]["s_per_round"] / m["ferret"]["s_per_round"],
+        "fedkseed_over_ferret_s_per_round": m["fedkseed"]["s_per_round_ratio_to_ferret"],
         "ferret_minus_fedavg_rougeL": m["ferret"]["rougeL"] - m["fedavg"]["rougeL"],
     }
     for variant in ("ferret_truncated_normal", "ferret_no_cache", "ferret_per_client"):
         if variant in m:
-            out[f"{variant}_over_ferret_s_per_round"] = m[variant]["s_per_round"] / m["ferret"]["s_per_round"]
+            out[f"{variant}_over_ferret_s_per_round"] = m[variant]["s_per_round_ratio_to_ferret"]
     return out
 
 
@@ -749,12 +757,15 @@ examples of {NI_HELDOUT} unseen tasks per seed, summed over seeds):
 **Where a round's time goes** (NI-style split; projection and reconstruction are the seconds per
 round spent in `Bases.project` by all the round's clients and in `Bases.reconstruct` by the server
 and the clients catching up without the cache; local training is the trainer's steps, which
-FedKSeed's zeroth-order steps bypass; evaluation excluded):
+FedKSeed's zeroth-order steps bypass; evaluation excluded). Seconds are means over the seeds a method
+ran; "x FedAvg" is taken within each seed and then averaged (geometric mean), because a split's
+seeds may run in different sessions, on machines of different speed; within a seed the methods ran
+one after another on one machine:
 
 {time_table(results)}
 
-Ratios: a Ferret round takes {r["ferret_over_fedavg_s_per_round"]:.2f}x a FedAvg round; FedKSeed's
-{r["fedkseed_over_ferret_s_per_round"]:.2f}x Ferret's; FedAvg moves {r["fedavg_over_ferret_traffic"]:,.0f}x
+Ratios, within seeds: a Ferret round takes {r["ferret_over_fedavg_s_per_round"]:.2f}x a FedAvg round;
+FedKSeed's {r["fedkseed_over_ferret_s_per_round"]:.2f}x Ferret's; FedAvg moves {r["fedavg_over_ferret_traffic"]:,.0f}x
 Ferret's bytes per client and round."""
     replace_section("ferret", body, "Ferret, FedKSeed and full-parameter FedAvg on a language model")
 

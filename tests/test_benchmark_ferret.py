@@ -124,6 +124,17 @@ def test_speed_summary_keeps_round_one_apart_and_takes_each_part_median_on_its_o
     assert bench.speed_summary(speed_runs(), "smoke")["target"]["held"] is None
 
 
+def test_the_ratio_to_fedavg_is_taken_within_each_seed_so_a_slower_machine_cancels():
+    bench = load_benchmark("ferret")
+    fedavg = {0: {"s_per_round": 10.0}, 1: {"s_per_round": 30.0}}  # seed 1 ran on a 3x slower machine
+    ferret = {0: {"s_per_round": 20.0}, 1: {"s_per_round": 30.0}}
+    # per seed 2.0 and 1.0, geometric mean sqrt(2); pooling the seconds would give 50 / 40 = 1.25
+    assert bench.ratio_within_seeds(ferret, fedavg) == pytest.approx(2.0**0.5)
+    assert bench.ratio_within_seeds(fedavg, fedavg) == 1.0
+    # a timing variant run on seed 0 only is compared with seed 0's FedAvg, not the seeds' mean
+    assert bench.ratio_within_seeds({0: {"s_per_round": 30.0}}, fedavg) == pytest.approx(3.0)
+
+
 def test_speed_verdict_states_whether_the_target_held_and_labels_the_evidence():
     bench = load_benchmark("ferret")
     held = {"ferret_over_fedavg_at_most": 1.5, "ferret_over_fedavg": 1.5, "held": True}
