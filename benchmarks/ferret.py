@@ -363,7 +363,8 @@ def ratio_within_seeds(runs: dict[int, dict], base: dict[int, dict]) -> float:
     """Seconds per round over the base method's, seed by seed, then the geometric mean over the
     seeds the run has. A split's seeds may run in different sessions, on machines of different speed
     (docs/benchmarks.md); within a seed the methods ran one after another on one machine."""
-    return float(np.exp(np.mean([np.log(r["s_per_round"] / base[s]["s_per_round"]) for s, r in runs.items()])))
+    logs = [np.log(r["s_per_round"] / base[seed]["s_per_round"]) for seed, r in runs.items()]
+    return float(np.exp(np.mean(logs)))
 
 
 def summarize(by_seed: dict[str, dict[int, dict]], initial: list[dict], rng: np.random.Generator) -> dict:
@@ -765,8 +766,8 @@ one after another on one machine:
 {time_table(results)}
 
 Ratios, within seeds: a Ferret round takes {r["ferret_over_fedavg_s_per_round"]:.2f}x a FedAvg round;
-FedKSeed's {r["fedkseed_over_ferret_s_per_round"]:.2f}x Ferret's; FedAvg moves {r["fedavg_over_ferret_traffic"]:,.0f}x
-Ferret's bytes per client and round."""
+FedKSeed's {r["fedkseed_over_ferret_s_per_round"]:.2f}x Ferret's; FedAvg moves
+{r["fedavg_over_ferret_traffic"]:,.0f}x Ferret's bytes per client and round."""
     replace_section("ferret", body, "Ferret, FedKSeed and full-parameter FedAvg on a language model")
 
 
