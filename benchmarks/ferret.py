@@ -329,11 +329,14 @@ def seed_means(by_seed: list[dict], metric: str, picks: list[np.ndarray] | None 
     return float(np.mean(means))
 
 
+BASELINES = {"fedavg": "FedAvg", "ferret": "Ferret"}  # paired differences are taken against these
+
+
 def bootstrap(by_method: dict[str, list[dict]], rng: np.random.Generator) -> dict:
     """Per-example bootstrap, stratified by seed: the same resampled examples for every method
     (they share each seed's held-out set), so differences are paired. Returns, per method and
     metric, the point value and the 95% interval; and per metric the interval of each method's
-    difference to FedAvg."""
+    difference to each baseline present (FedAvg; Ferret for FedKSeed's and per-client seeds' rows)."""
     names = list(by_method)
     sizes = [len(ex["tokens"]) for ex in by_method[names[0]]]
     metrics = ("rougeL", "exact", "test_loss")
@@ -349,11 +352,11 @@ def bootstrap(by_method: dict[str, list[dict]], rng: np.random.Generator) -> dic
             point = seed_means(by_method[n], m)
             lo, hi = np.percentile(draws[n, m], [2.5, 97.5])
             out.setdefault(n, {})[m] = (point, [float(lo), float(hi)])
-            if "fedavg" in names and n != "fedavg":
-                diff = np.asarray(draws[n, m]) - np.asarray(draws["fedavg", m])
+            for base in (b for b in BASELINES if b in names and b != n and n != "fedavg"):
+                diff = np.asarray(draws[n, m]) - np.asarray(draws[base, m])
                 lo, hi = np.percentile(diff, [2.5, 97.5])
-                out[n][m + "_minus_fedavg"] = (
-                    point - seed_means(by_method["fedavg"], m),
+                out[n][f"{m}_minus_{base}"] = (
+                    point - seed_means(by_method[base], m),
                     [float(lo), float(hi)],
                 )
     return out
@@ -396,9 +399,9 @@ def summarize(by_seed: dict[str, dict[int, dict]], initial: list[dict], rng: np.
             m["rougeL"], m["rougeL_ci"] = s["rougeL"]
             m["exact_match"], m["exact_match_ci"] = s["exact"]
             m["test_loss"], m["test_loss_ci"] = s["test_loss"]
-            for key in ("rougeL", "exact", "test_loss"):
-                if key + "_minus_fedavg" in s:
-                    m[key + "_minus_fedavg"], m[key + "_minus_fedavg_ci"] = s[key + "_minus_fedavg"]
+            for key, base in itertools.product(("rougeL", "exact", "test_loss"), BASELINES):
+                if f"{key}_minus_{base}" in s:
+                    m[f"{key}_minus_{base}"], m[f"{key}_minus_{base}_ci"] = s[f"{key}_minus_{base}"]
         methods[name] = m
     init = stats["(initial)"]
     return {
@@ -685,22 +688,23 @@ def split_table(split: dict) -> str:
 
 
 def conclusions(split: dict, scale: str = "full") -> list[str]:
-    """One line per comparison with FedAvg: a direction only where the paired interval excludes 0
-    (in a smoke run, a check of the protocol on a toy model: labelled, never a claim)."""
+    """One line per paired comparison (every method with FedAvg, then FedKSeed and per-client seeds
+    with Ferret): a direction only where the paired interval excludes 0 (in a smoke run, a check of
+    the protocol on a toy model: labelled, never a claim)."""
     lines = ["Paired comparisons (**smoke run: a check of the protocol, not a claim about the methods**):"]
     lines = lines if scale == "smoke" else []
-    for name, m in split["methods"].items():
-        for key, label, better in (("rougeL", "Rouge-L", 1), ("test_loss", "held-out loss", -1)):
-            if key + "_minus_fedavg_ci" not in m:
-                continue
-            diff, ci = m[key + "_minus_fedavg"], m[key + "_minus_fedavg_ci"]
-            verdict = separated(ci)
-            if verdict == "separate":
-                word = "better" if diff * better > 0 else "worse"
-                text = f"{name} is {word} than FedAvg on {label}"
-            else:
-                text = f"no conclusion on {label} between {name} and FedAvg"
-            lines.append(f"* {text}: difference {diff:+.3f}, paired 95% CI [{ci[0]:+.3f}, {ci[1]:+.3f}].")
+    for base, base_label in BASELINES.items():
+        for name, m in split["methods"].items():
+            for key, label, better in (("rougeL", "Rouge-L", 1), ("test_loss", "held-out loss", -1)):
+                if f"{key}_minus_{base}_ci" not in m:
+                    continue
+                diff, ci = m[f"{key}_minus_{base}"], m[f"{key}_minus_{base}_ci"]
+                if separated(ci) == "separate":
+                    word = "better" if diff * better > 0 else "worse"
+                    text = f"{name} is {word} than {base_label} on {label}"
+                else:
+                    text = f"no conclusion on {label} between {name} and {base_label}"
+                lines.append(f"* {text}: difference {diff:+.3f}, paired 95% CI [{ci[0]:+.3f}, {ci[1]:+.3f}].")
     return lines
 
 

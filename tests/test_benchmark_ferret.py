@@ -40,6 +40,12 @@ def test_paired_differences_cancel_what_methods_share_and_conclusions_follow_the
     assert diff == pytest.approx(0.01) and lo == pytest.approx(0.01) and hi == pytest.approx(0.01)
     lo, hi = stats["fedavg"]["rougeL"][1]
     assert hi - lo > 0.1
+    # Ferret is the second baseline: FedKSeed's and per-client seeds' rows are paired with it too
+    stats = bench.bootstrap({"fedavg": noisy, "ferret": shifted, "same": noisy}, np.random.default_rng(1))
+    diff, (lo, hi) = stats["same"]["rougeL_minus_ferret"]
+    assert diff == pytest.approx(-0.01) and lo == pytest.approx(-0.01) and hi == pytest.approx(-0.01)
+    assert "rougeL_minus_ferret" not in stats["ferret"] and "rougeL_minus_fedavg" in stats["ferret"]
+    assert not any("minus" in key for key in stats["fedavg"])  # FedAvg against Ferret is Ferret's row
     split = {
         "methods": {
             "shifted": {
@@ -47,12 +53,15 @@ def test_paired_differences_cancel_what_methods_share_and_conclusions_follow_the
                 "rougeL_minus_fedavg_ci": [0.01, 0.01],
                 "test_loss_minus_fedavg": 0.2,
                 "test_loss_minus_fedavg_ci": [-0.1, 0.5],
+                "test_loss_minus_ferret": 0.3,
+                "test_loss_minus_ferret_ci": [0.1, 0.5],
             }
         }
     }
     lines = bench.conclusions(split)
     assert "shifted is better than FedAvg on Rouge-L" in lines[0]
     assert "no conclusion on held-out loss" in lines[1]
+    assert "shifted is worse than Ferret on held-out loss" in lines[2] and len(lines) == 3
     assert "not a claim" in bench.conclusions(split, "smoke")[0]
 
 
