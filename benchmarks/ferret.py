@@ -359,6 +359,12 @@ def bootstrap(by_method: dict[str, list[dict]], rng: np.random.Generator) -> dic
                     point - seed_means(by_method[base], m),
                     [float(lo), float(hi)],
                 )
+                # the interval resamples held-out examples, not training runs: the per-seed
+                # differences show whether the sign survives the seeds' training randomness
+                out[n][f"{m}_minus_{base}_by_seed"] = [
+                    seed_means([a], m) - seed_means([b], m)
+                    for a, b in zip(by_method[n], by_method[base], strict=True)
+                ]
     return out
 
 
@@ -402,6 +408,7 @@ def summarize(by_seed: dict[str, dict[int, dict]], initial: list[dict], rng: np.
             for key, base in itertools.product(("rougeL", "exact", "test_loss"), BASELINES):
                 if f"{key}_minus_{base}" in s:
                     m[f"{key}_minus_{base}"], m[f"{key}_minus_{base}_ci"] = s[f"{key}_minus_{base}"]
+                    m[f"{key}_minus_{base}_by_seed"] = s[f"{key}_minus_{base}_by_seed"]
         methods[name] = m
     init = stats["(initial)"]
     return {
@@ -704,7 +711,11 @@ def conclusions(split: dict, scale: str = "full") -> list[str]:
                     text = f"{name} is {word} than {base_label} on {label}"
                 else:
                     text = f"no conclusion on {label} between {name} and {base_label}"
-                lines.append(f"* {text}: difference {diff:+.3f}, paired 95% CI [{ci[0]:+.3f}, {ci[1]:+.3f}].")
+                by_seed = ", ".join(f"{d:+.3f}" for d in m.get(f"{key}_minus_{base}_by_seed", []))
+                seeds = f"; per seed {by_seed}" if by_seed else ""
+                lines.append(
+                    f"* {text}: difference {diff:+.3f}, paired 95% CI [{ci[0]:+.3f}, {ci[1]:+.3f}]{seeds}."
+                )
     return lines
 
 
@@ -744,6 +755,9 @@ def write_docs(results: dict, name: str) -> None:
 numbers in `benchmarks/results/{name}`). Model: {results["model"]}, {results["params"]:,} parameters;
 {results["rounds"]} rounds, {results["clients_per_round"]} clients a round, {results["seeds"]} seeds;
 intervals are 95% per-example bootstrap intervals (examples resampled within each seed, seeds averaged).
+They resample the held-out examples, not the training runs: a difference whose interval excludes 0
+but whose sign changes between seeds (listed per seed after each comparison) is not a finding that
+survives the seeds.
 
 **NI-style split** ({results["clients"]} clients, one task each; {results["held_out_examples"]} held-out
 examples of {NI_HELDOUT} unseen tasks per seed, summed over seeds):

@@ -46,6 +46,11 @@ def test_paired_differences_cancel_what_methods_share_and_conclusions_follow_the
     assert diff == pytest.approx(-0.01) and lo == pytest.approx(-0.01) and hi == pytest.approx(-0.01)
     assert "rougeL_minus_ferret" not in stats["ferret"] and "rougeL_minus_fedavg" in stats["ferret"]
     assert not any("minus" in key for key in stats["fedavg"])  # FedAvg against Ferret is Ferret's row
+    # each seed's own difference, beside the interval (which resamples examples, not training runs)
+    assert stats["same"]["rougeL_minus_ferret_by_seed"] == pytest.approx([-0.01] * 3)
+    one_seed_worse = [noisy[0], *shifted[1:]]  # better by 0.01 in seeds 1-2, equal in seed 0
+    stats = bench.bootstrap({"fedavg": noisy, "other": one_seed_worse}, np.random.default_rng(1))
+    assert stats["other"]["rougeL_minus_fedavg_by_seed"] == pytest.approx([0.0, 0.01, 0.01])
     split = {
         "methods": {
             "shifted": {
@@ -55,6 +60,7 @@ def test_paired_differences_cancel_what_methods_share_and_conclusions_follow_the
                 "test_loss_minus_fedavg_ci": [-0.1, 0.5],
                 "test_loss_minus_ferret": 0.3,
                 "test_loss_minus_ferret_ci": [0.1, 0.5],
+                "test_loss_minus_ferret_by_seed": [0.6, -0.2, 0.5],
             }
         }
     }
@@ -62,6 +68,7 @@ def test_paired_differences_cancel_what_methods_share_and_conclusions_follow_the
     assert "shifted is better than FedAvg on Rouge-L" in lines[0]
     assert "no conclusion on held-out loss" in lines[1]
     assert "shifted is worse than Ferret on held-out loss" in lines[2] and len(lines) == 3
+    assert lines[2].endswith("paired 95% CI [+0.100, +0.500]; per seed +0.600, -0.200, +0.500.")
     assert "not a claim" in bench.conclusions(split, "smoke")[0]
 
 
