@@ -609,6 +609,8 @@ def report(scale: Scale, done: dict[Piece, dict]) -> dict:
             else:
                 runs[piece.method][piece.seed] = done[piece]
         summary = summarize(runs, [i["examples"] for i in initials], rng)
+        for m in summary["methods"].values():
+            m["rounds"] = scale.rounds  # a key of the file before issue 20, kept
         if split_index == 0:  # the NI-style split keeps the file's original top-level keys
             results.update(
                 model=model_label(scale),

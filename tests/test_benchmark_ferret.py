@@ -221,7 +221,17 @@ def test_pieces_read_back_from_the_log_give_the_report_of_the_pieces_as_computed
     assert list(computed) == wanted and len(log.read_text().splitlines()) == 4
     read = bench.stored(scale, log)
     assert read == computed  # every number, timings included, survives the JSON line exactly
-    assert bench.report(scale, read) == bench.report(scale, computed)
+    results = bench.report(scale, read)
+    assert results == bench.report(scale, computed)
+    # issue 20's keys, beside those of the file before it (model, params, clients, methods, ratios)
+    assert (results["seeds"], results["rounds"]) == (1, 1) and results["clients_per_round"] == 5
+    assert {"model", "params", "clients", "methods", "ratios"} <= set(results)
+    for name, m in results["methods"].items():
+        low, high = m["rougeL_ci"]
+        assert low <= m["rougeL"] <= high and m["test_loss_ci"][0] <= m["test_loss"] <= m["test_loss_ci"][1]
+        assert m["rounds"] == 1 and m["s_per_round_ratio_to_fedavg"] > 0, name
+        assert {"exact_match", "bytes_up_per_client_round", "peak_rss_gib", "settings"} <= set(m), name
+    assert results["methods"]["fedavg"]["s_per_round_ratio_to_fedavg"] == 1.0
     assert bench.run_pieces(scale, wanted, log) == {}  # a rerun reads them back, runs nothing
     assert len(log.read_text().splitlines()) == 4
 
