@@ -733,7 +733,7 @@ def time_table(results: dict) -> str:
                 f"{parts['projection']:.2f}" if "projection" in parts else "",
                 f"{parts['reconstruction']:.2f}" if "reconstruction" in parts else "",
                 f"{parts['local training']:.2f}" if "local training" in parts else "",
-                f"{m.get('catch_ups_from_cache', '')}",
+                f"{m['catch_ups_from_cache']:.1f}" if "catch_ups_from_cache" in m else "",
                 m["seeds_run"],
             ]
         )
@@ -744,7 +744,7 @@ def time_table(results: dict) -> str:
         "projection s",
         "reconstruction s",
         "local training s",
-        "catch-ups from cache",
+        "catch-ups from cache (mean a seed)",
         "seeds",
     ]
     return markdown_table(header, rows)
