@@ -24,8 +24,12 @@ Jian & Liu, "Widening the Network Mitigates the Impact of Data Heterogeneity on 
 
     python benchmarks/wide_fedavg.py            # full (est. 2-3 h on 2 idle cores): JSON, plots, docs
     python benchmarks/wide_fedavg.py --quick    # a few minutes, same code at tiny scale (smoke test)
-Run directories go under runs/bench/; a finished run is reused and an interrupted one resumed,
-so a killed benchmark continues where it stopped (--fresh starts everything again).
+The full run is longer than a work session, so what the tables need of each finished run (the
+theory run's measurements, the practical run's accuracy by evaluation, the by-layer divergence) is
+appended at once as one JSON line to benchmarks/results/wide_fedavg_runs.jsonl (commit it), keyed by
+the run's config and the simulation code (run_key.py); a rerun reads stored runs back instead of
+running them, so the run goes on over several sessions. Run directories go under runs/bench/; an
+interrupted run is resumed from its last checkpoint (--fresh ignores both and starts everything again).
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ import math
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +52,7 @@ from intervals import IntervalError, bootstrap_groups, t_interval
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from run_key import append_run, read_runs, run_key
 
 from taciturn.algorithms.fedavg import FedAvgState
 from taciturn.core.rng import SERVER
@@ -193,15 +200,52 @@ def run(config: RunConfig, out: Path, fresh: bool) -> RunDir:
     return runner.start(config, out, overwrite=True, progress=False)
 
 
-def run_all(jobs: list[tuple[str, RunConfig, Path]], fresh: bool) -> dict[str, RunDir]:
-    done: dict[str, RunDir] = {}
+Summarize = Callable[[RunConfig, RunDir], dict]
+
+
+class RunLog:
+    """The JSON-lines log of finished runs' summaries (run_key.py), and the seconds the runs this
+    report uses took to make, whichever session made them."""
+
+    def __init__(self, path: Path, fresh: bool):
+        self.path, self.fresh, self.seconds = path, fresh, 0.0
+
+    def summary(self, key: str, name: str, compute: Callable[[], dict]) -> dict:
+        """The summary stored under ``key``, or ``compute()``'s, appended at once with its seconds.
+        ``fresh`` ignores what is stored."""
+        record = None if self.fresh else read_runs(self.path).get(key)
+        if record is None:
+            started = time.perf_counter()
+            summary = compute()
+            finished = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+            record = {
+                "key": key,
+                "name": name,
+                "finished": finished,
+                "seconds": time.perf_counter() - started,
+            }
+            append_run(self.path, record | {"summary": summary})
+            record["summary"] = summary
+        self.seconds += record["seconds"]
+        return record["summary"]
+
+
+def run_all(jobs: list[tuple[str, RunConfig, Path]], summarize: Summarize, log: RunLog) -> dict[str, dict]:
+    """Each job's summary, by job key: read back from ``log`` where stored under the run's key (its
+    config, the summary's kind and the simulation code), else run (resuming an interrupted run
+    directory), summarized and stored."""
+    done: dict[str, dict] = {}
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("runs", total=len(jobs))
         for key, config, out in jobs:
             progress.update(task, description=f"[bold]{config.name}")
             started = time.perf_counter()
-            done[key] = run(config, out, fresh)
+
+            def compute(config=config, out=out) -> dict:
+                return summarize(config, run(config, out, log.fresh))
+
+            done[key] = log.summary(run_key(to_toml(config), summarize.__name__), config.name, compute)
             progress.console.log(f"{config.name}: {time.perf_counter() - started:.1f} s")
             progress.advance(task)
     return done
@@ -259,13 +303,24 @@ def theory_summary(config: RunConfig, rundir: RunDir) -> dict[str, float]:
     }
 
 
+def layer_config(n: int, scale: Scale) -> RunConfig:
+    return theory_config(n, max(scale.taus), 0, scale).model_copy(update={"rounds": scale.layer_rounds})
+
+
+def stored_layer_divergence(scale: Scale, out: Path, log: RunLog) -> dict[int, dict[str, float]]:
+    """layer_divergence, kept in the log like a run (JSON turns its width keys into strings)."""
+    key = run_key("layer_divergence", *(to_toml(layer_config(n, scale)) for n in scale.widths))
+    found = log.summary(key, "layer_divergence", lambda: layer_divergence(scale, out))
+    return {int(n): row for n, row in found.items()}
+
+
 def layer_divergence(scale: Scale, out: Path) -> dict[int, dict[str, float]]:
     """(b) by layer: client divergence of the input layer (fan-in 784 at every width) and of the
     layers whose fan-in is the width, in effective weights, and of the raw NTK-parameterised weights;
     mean over the first rounds of seed 0, the largest tau. Driven round by round with the engine."""
     result = {}
     for n in scale.widths:
-        config = theory_config(n, max(scale.taus), 0, scale).model_copy(update={"rounds": scale.layer_rounds})
+        config = layer_config(n, scale)
         exp = runner.prepare(config, out / f"n{n}")
         state = exp.algorithm.init_server(exp.task.init_params(exp.streams.torch(0, SERVER, "init")), 10)
         sums = {"input layer": 0.0, "width fan-in layers": 0.0, "all (effective)": 0.0, "all (raw NTK)": 0.0}
@@ -316,8 +371,9 @@ THEORY_QUANTITIES = {
 }
 
 
-def theory_table(scale: Scale, runs: dict[str, RunDir], configs: dict[str, RunConfig]) -> dict:
-    per_run = {key: theory_summary(configs[key], rundir) for key, rundir in runs.items()}
+def theory_table(scale: Scale, per_run: dict[str, dict[str, float]]) -> dict:
+    """Means over seeds per (tau, width), slopes against width, and their bootstrap intervals, from
+    each run's theory_summary."""
     result: dict = {"runs": per_run, "mean": {}, "slopes": {}, "slope_ci": {}}
     for tau in scale.taus:
         means, seed_values = {}, {}
@@ -344,12 +400,17 @@ def practical_key(k: int, lr: float, seed: int, split: str) -> str:
     return f"k{k}-lr{lr}-s{seed}-{split}"
 
 
-def final_accuracy(rundir: RunDir, scale: Scale) -> float:
+def practical_summary(config: RunConfig, rundir: RunDir) -> dict[str, list]:
+    """A practical run's test accuracy at each evaluation, and the rounds they were taken at."""
     rows = rundir.read_metrics()
-    return float(np.mean([r["accuracy"] for r in rows[-scale.last_evals :]]))
+    return {"round": [r["round"] for r in rows], "accuracy": [r["accuracy"] for r in rows]}
 
 
-def tuned_lrs(scale: Scale, runs: dict[str, RunDir]) -> dict[int, float]:
+def final_accuracy(summary: dict[str, list], scale: Scale) -> float:
+    return float(np.mean(summary["accuracy"][-scale.last_evals :]))
+
+
+def tuned_lrs(scale: Scale, runs: dict[str, dict]) -> dict[int, float]:
     """Per width, the learning rate with the best mean IID accuracy over seeds."""
     return {
         k: max(
@@ -362,7 +423,7 @@ def tuned_lrs(scale: Scale, runs: dict[str, RunDir]) -> dict[int, float]:
     }
 
 
-def practical_table(scale: Scale, runs: dict[str, RunDir], lrs: dict[int, float]) -> dict:
+def practical_table(scale: Scale, runs: dict[str, dict], lrs: dict[int, float]) -> dict:
     """IID and non-IID accuracy at each width's tuned lr; the gap per seed (paired) with its 95%
     t-interval over seeds."""
     result = {}
@@ -452,7 +513,7 @@ def plot_theory(scale: Scale, theory: dict, path: Path) -> Path:
     return path
 
 
-def plot_practical(scale: Scale, runs: dict[str, RunDir], practical: dict, path: Path) -> Path:
+def plot_practical(scale: Scale, runs: dict[str, dict], practical: dict, path: Path) -> Path:
     """Curves: seed 0 at each width's tuned lr. Gap: mean over seeds with its 95% interval."""
     import matplotlib
 
@@ -464,10 +525,10 @@ def plot_practical(scale: Scale, runs: dict[str, RunDir], practical: dict, path:
     for i, k in enumerate(scale.multipliers):
         color = cmap(i / max(1, len(scale.multipliers) - 1))
         for split, style in (("iid", "-"), ("non-iid", "--")):
-            rows = runs[practical_key(k, practical[k]["lr"], scale.practical_seeds[0], split)].read_metrics()
+            curve = runs[practical_key(k, practical[k]["lr"], scale.practical_seeds[0], split)]
             ax_curves.plot(
-                [r["round"] for r in rows],
-                [r["accuracy"] for r in rows],
+                curve["round"],
+                curve["accuracy"],
                 style,
                 color=color,
                 label=f"k={k} {split}",
@@ -679,15 +740,17 @@ def main(argv: list[str] | None = None) -> int:
     out = ROOT / "runs" / "bench" / ("wide_fedavg-quick" if args.quick else "wide_fedavg")
     if args.fresh:
         shutil.rmtree(out, ignore_errors=True)
-    started = time.perf_counter()
+    log = RunLog(
+        out / "runs.jsonl" if args.quick else ROOT / "benchmarks" / "results" / "wide_fedavg_runs.jsonl",
+        args.fresh,
+    )
 
-    theory_jobs, configs = [], {}
+    theory_jobs = []
     for n in scale.widths:
         for tau in scale.taus:
             for seed in scale.seeds_widest if n == max(scale.widths) else scale.seeds:
                 key = f"n{n}-tau{tau}-seed{seed}"
-                configs[key] = theory_config(n, tau, seed, scale)
-                theory_jobs.append((key, configs[key], out / "theory" / key))
+                theory_jobs.append((key, theory_config(n, tau, seed, scale), out / "theory" / key))
 
     def practical_jobs(split: str, lrs: dict[int, tuple[float, ...]]) -> list:
         return [
@@ -702,22 +765,22 @@ def main(argv: list[str] | None = None) -> int:
         ]
 
     console.rule("[bold]Wide FedAvg: theory-faithful")
-    theory = theory_table(scale, run_all(theory_jobs, args.fresh), configs)
+    theory = theory_table(scale, run_all(theory_jobs, theory_summary, log))
     console.rule("[bold]Wide FedAvg: divergence by layer")
-    layers = layer_divergence(scale, out / "layers")
+    layers = stored_layer_divergence(scale, out / "layers", log)
     console.rule("[bold]Wide FedAvg: practical")
-    practical_runs = run_all(
-        practical_jobs("iid", dict.fromkeys(scale.multipliers, scale.practical_lrs)), args.fresh
-    )
+    iid_jobs = practical_jobs("iid", dict.fromkeys(scale.multipliers, scale.practical_lrs))
+    practical_runs = run_all(iid_jobs, practical_summary, log)
     lrs = tuned_lrs(scale, practical_runs)
-    practical_runs |= run_all(practical_jobs("non-iid", {k: (lr,) for k, lr in lrs.items()}), args.fresh)
+    non_iid_jobs = practical_jobs("non-iid", {k: (lr,) for k, lr in lrs.items()})
+    practical_runs |= run_all(non_iid_jobs, practical_summary, log)
     practical = practical_table(scale, practical_runs, lrs)
     print_tables(scale, theory, layers, practical)
 
     images = ROOT / "docs" / "img" if not args.quick else out
     plot_theory(scale, theory, images / "wide_fedavg_theory.png")
     plot_practical(scale, practical_runs, practical, images / "wide_fedavg_practical.png")
-    minutes = (time.perf_counter() - started) / 60
+    minutes = log.seconds / 60  # what the runs used here took to make, over however many sessions
     tau = scale.taus[-1]
     results = {
         "slopes": {k: theory["slopes"][tau][k] for k in ("output_rmse", "divergence", "ntk_change")},

@@ -1,5 +1,6 @@
 """The pieces of benchmarks/wide_fedavg.py that decide what lands in the docs."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -53,21 +54,17 @@ def test_practical_gap_uses_the_lr_tuned_on_iid_and_a_t_interval_over_seeds():
     import dataclasses
     import math
 
-    class Finished:  # a run directory whose last evaluation has this accuracy
-        def __init__(self, accuracy):
-            self.accuracy = accuracy
-
-        def read_metrics(self):
-            return [{"accuracy": 0.0}, {"accuracy": self.accuracy}]
+    def finished(accuracy):  # a run's summary whose last evaluation has this accuracy
+        return {"round": [0, 2], "accuracy": [0.0, accuracy]}
 
     scale = dataclasses.replace(
         wide_fedavg.QUICK, multipliers=(1,), practical_seeds=(0, 1, 2), practical_lrs=(0.1, 0.3), last_evals=1
     )
     key = wide_fedavg.practical_key
-    runs = {key(1, 0.1, s, "iid"): Finished(0.8) for s in range(3)}
-    runs |= {key(1, 0.3, s, "iid"): Finished(a) for s, a in enumerate((0.9, 0.85, 0.95))}
+    runs = {key(1, 0.1, s, "iid"): finished(0.8) for s in range(3)}
+    runs |= {key(1, 0.3, s, "iid"): finished(a) for s, a in enumerate((0.9, 0.85, 0.95))}
     assert wide_fedavg.tuned_lrs(scale, runs) == {1: 0.3}
-    runs |= {key(1, 0.3, s, "non-iid"): Finished(0.8) for s in range(3)}
+    runs |= {key(1, 0.3, s, "non-iid"): finished(0.8) for s in range(3)}
     row = wide_fedavg.practical_table(scale, runs, {1: 0.3})[1]
     assert row["gap_per_seed"] == pytest.approx([10.0, 5.0, 15.0])
     half = 4.30265 * 5 / math.sqrt(3)  # s = 5 over 3 seeds, t_{0.975, 2} = 4.30265
@@ -99,7 +96,7 @@ def test_theory_summary_averages_divergence_over_trained_rounds_and_takes_the_re
     assert {k: summary[k] for k in floor} == floor
 
 
-def test_theory_table_means_over_seeds_then_fits_the_slope_against_width(monkeypatch):
+def test_theory_table_means_over_seeds_then_fits_the_slope_against_width():
     """Two seeds at width 64 average to 2/8, the widest's one seed is 2/16: slope log(1/2)/log(4) = -1/2;
     one seed at a width gives no interval."""
     import dataclasses
@@ -110,8 +107,8 @@ def test_theory_table_means_over_seeds_then_fits_the_slope_against_width(monkeyp
     values = {"n64-tau5-seed0": 0.2, "n64-tau5-seed1": 0.3, "n256-tau5-seed0": 0.125}
     columns = [column for column, _ in wide_fedavg.THEORY_QUANTITIES.values()]
     columns += ["floor", "test_loss", "centralized_test_loss"]
-    monkeypatch.setattr(wide_fedavg, "theory_summary", lambda config, key: {c: values[key] for c in columns})
-    table = wide_fedavg.theory_table(scale, {key: key for key in values}, {key: None for key in values})
+    summaries = {key: {c: value for c in columns} for key, value in values.items()}
+    table = wide_fedavg.theory_table(scale, summaries)
     assert table["mean"][5][64]["divergence"] == pytest.approx(0.25, rel=1e-12)
     assert table["mean"][5][256]["ntk_change"] == 0.125
     assert table["slopes"][5] == pytest.approx(
@@ -119,11 +116,7 @@ def test_theory_table_means_over_seeds_then_fits_the_slope_against_width(monkeyp
     )
     assert table["slope_ci"][5] == {name: None for name in wide_fedavg.THEORY_QUANTITIES}
     with pytest.raises(KeyError):  # the widest width's other seeds are not read
-        wide_fedavg.theory_table(
-            dataclasses.replace(scale, seeds_widest=(0, 1)),
-            {key: key for key in values},
-            dict.fromkeys(values),
-        )
+        wide_fedavg.theory_table(dataclasses.replace(scale, seeds_widest=(0, 1)), summaries)
     layers = {64: {"input layer": 0.5}, 256: {"input layer": 0.25}}
     practical = {1: {"lr": 0.1, "iid": 0.9, "non-iid": 0.8, "gap_points": 10.0, "gap_ci": [4.0, 16.0]}}
     lines = wide_fedavg.markdown(scale, table, layers, practical, "cmd", 1.0).splitlines()
@@ -157,3 +150,36 @@ def test_against_its_linearisation_a_linear_model_s_fedavg_is_its_linearised_fed
     mlp = wide_config(steps=3, lr=0.5, analysis={"centralized": True})
     found = wide_fedavg.kernel_comparisons(mlp, start(mlp, tmp_path / "mlp", progress=False))
     assert found["linearized_fedavg_rmse"] > 1e-3
+
+
+def test_a_finished_run_s_summary_is_read_back_from_the_log_instead_of_run_again(tmp_path, monkeypatch):
+    """The full run spans several sessions: each run's summary lands in the log as it finishes, a
+    rerun reads it back (and counts its stored seconds), another config runs, --fresh runs again."""
+    scale = wide_fedavg.QUICK
+    jobs = [(f"k{k}", wide_fedavg.practical_config(k, "iid", scale), tmp_path / f"k{k}") for k in (1, 2)]
+    ran = []
+
+    def fake_run(config, out, fresh):
+        ran.append(config.name)
+        return config.model.hidden[0]
+
+    def practical_summary(config, width):
+        return {"round": [0, 1], "accuracy": [0.1, width / 1000]}
+
+    monkeypatch.setattr(wide_fedavg, "run", fake_run)
+    log = wide_fedavg.RunLog(tmp_path / "runs.jsonl", fresh=False)
+    first = wide_fedavg.run_all(jobs[:1], practical_summary, log)
+    assert first == {"k1": {"round": [0, 1], "accuracy": [0.1, 0.2]}} and len(ran) == 1
+    again = wide_fedavg.RunLog(log.path, fresh=False)
+    both = wide_fedavg.run_all(jobs, practical_summary, again)
+    assert ran == ["practical-k1-lr0.1-s0-iid", "practical-k2-lr0.1-s0-iid"]  # only k2 is new
+    assert both["k1"] == first["k1"] and both["k2"]["accuracy"] == [0.1, 0.4]
+    stored = [json.loads(line) for line in log.path.read_text().splitlines()]
+    assert again.seconds == pytest.approx(sum(row["seconds"] for row in stored))
+    wide_fedavg.run_all(jobs[:1], practical_summary, wide_fedavg.RunLog(log.path, fresh=True))
+    assert len(ran) == 3
+    layers = wide_fedavg.RunLog(log.path, fresh=False)
+    monkeypatch.setattr(wide_fedavg, "layer_divergence", lambda scale, out: {64: {"input layer": 0.5}})
+    assert wide_fedavg.stored_layer_divergence(scale, tmp_path, layers) == {64: {"input layer": 0.5}}
+    monkeypatch.setattr(wide_fedavg, "layer_divergence", lambda scale, out: pytest.fail("ran again"))
+    assert wide_fedavg.stored_layer_divergence(scale, tmp_path, layers) == {64: {"input layer": 0.5}}
