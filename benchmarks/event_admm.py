@@ -39,7 +39,7 @@ import math
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -298,10 +298,13 @@ def thresholds_from(
 
 def event_runs(setting: dict[str, Any], rho: float, seed: int) -> tuple[list[Run], Run]:
     """Every event variant's grid points at one rho and seed, with the Delta = 0 run that sets
-    their thresholds (the calibration is never a candidate)."""
+    their thresholds (the calibration is never a candidate). A grid point whose algorithm is one
+    already run here (Delta_z on its own axis at the median quantile is the constant-Delta method at
+    that quantile) takes that run's rows instead of running the same training again."""
     calibration = calibrate(setting, rho, seed)
     _progress(calibration, "Delta = 0")
-    runs = []
+    runs: list[Run] = []
+    by_algorithm: dict[str, Run] = {}
     for method, points in grids(setting).items():
         if method not in EVENT:
             continue
@@ -315,7 +318,13 @@ def event_runs(setting: dict[str, Any], rho: float, seed: int) -> tuple[list[Run
                 if dz_rule == "own"
                 else thresholds_from(calibration, trigger, q)
             )
+            algorithm = json.dumps(algorithm_table(method, point, setting, thresholds), sort_keys=True)
+            if (same := by_algorithm.get(algorithm)) is not None:
+                runs.append(replace(same, method=method, knob=knob_label(point)))
+                _progress(runs[-1], f"the same algorithm as {same.method}: its run")
+                continue
             runs.append(run_one(setting, method, point, seed, thresholds))
+            by_algorithm[algorithm] = runs[-1]
             _progress(runs[-1], f"Delta={thresholds[0]:.3g} Delta_z={thresholds[1]:.3g}")
     return runs, calibration
 

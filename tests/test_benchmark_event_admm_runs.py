@@ -67,3 +67,34 @@ def test_running_one_setting_keeps_the_other_settings_results_made_with_the_same
     other_seeds = {"seeds": 5, "rho_grid": [0.1, 1.0], "B": {"ceiling": 0.6}}
     assert bench.with_earlier_settings(other_seeds, out) == other_seeds
     assert bench.with_earlier_settings(now, tmp_path / "absent.json") == now
+
+
+def test_a_grid_point_with_the_same_algorithm_as_one_already_run_takes_its_rows(bench, monkeypatch):
+    """Delta_z on its own axis at the median quantile is the constant-Delta method at the median:
+    one training, two candidates; at another quantile the thresholds differ and both run."""
+    row = {"accuracy": 0.5, "messages_up": 0, "messages_down": 0, "bytes_up": 0, "bytes_down": 0}
+    calibration = bench.Run(
+        "calibration", "calibration", 0, [row], 1, 10, 10, 0.0,
+        {key: [float(i) for i in range(100)] for key in ("absolute", "relative", "progress")},
+        [float(i) for i in range(10)],
+    )  # fmt: skip
+    monkeypatch.setattr(bench, "calibrate", lambda setting, rho, seed: calibration)
+    trained = []
+
+    def run_one(setting, method, point, seed, thresholds):
+        trained.append((method, point["quantile"]))
+        rows = [row | {"messages_up": len(trained)}]
+        return bench.Run(method, bench.knob_label(point), seed, rows, 1, 10, 10, 1.0)
+
+    monkeypatch.setattr(bench, "run_one", run_one)
+    grid = {"rho_grid": [0.1], "quantiles": [0.5, 0.9]}
+    grid |= {"fractions": [0.5, 1.0], "fedadmm_fractions": [0.5, 1.0]}
+    setting = bench.setting_a(quick=False) | grid  # every method's budget: 2 grid points
+    runs, _ = bench.event_runs(setting, 0.1, seed=0)
+    by_name = {(r.method, r.knob): r for r in runs}
+    assert ("event_admm_dz", 0.5) not in trained and ("event_admm_dz", 0.9) in trained
+    assert len(trained) == 2 * len(bench.EVENT) - 1
+    assert set(by_name) == {(m, f"rho=0.1,quantile={q}") for m in bench.EVENT for q in (0.5, 0.9)}
+    same = by_name[("event_admm_dz", "rho=0.1,quantile=0.5")]
+    assert same.rows == by_name[("event_admm", "rho=0.1,quantile=0.5")].rows
+    assert same.rows != by_name[("event_admm_dz", "rho=0.1,quantile=0.9")].rows
