@@ -1,5 +1,6 @@
 """The pieces of benchmarks/wide_fedavg.py that decide what lands in the docs."""
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -50,23 +51,47 @@ def test_the_shipped_wide_config_is_the_benchmark_s_theory_setting():
     assert shipped.loss == bench.loss and shipped.rounds == bench.rounds
 
 
-def test_practical_gap_uses_the_lr_tuned_on_iid_and_a_t_interval_over_seeds():
-    import dataclasses
+def test_the_lr_grid_widens_toward_a_winning_edge_until_the_best_is_inside_or_the_ladder_ends():
+    scale = dataclasses.replace(
+        wide_fedavg.QUICK,
+        practical_lrs=(0.03, 0.1, 0.3),
+        practical_lr_ladder=(0.01, 0.03, 0.1, 0.3, 1.0, 3.0),
+    )
+    asked = []
+
+    def tuning(accuracy_by_lr):
+        def iid_accuracy(lr):
+            asked.append(lr)
+            return accuracy_by_lr[lr]
+
+        asked.clear()
+        return wide_fedavg.tune_lr(scale, iid_accuracy)
+
+    # the best inside the grid: nothing more is run
+    assert tuning({0.03: 0.7, 0.1: 0.9, 0.3: 0.8}) == (0.1, [0.03, 0.1, 0.3]) and asked == [0.03, 0.1, 0.3]
+    # the top edge wins, then 1.0 loses to it: 0.3 has a tried neighbour on each side
+    assert tuning({0.03: 0.7, 0.1: 0.8, 0.3: 0.9, 1.0: 0.85}) == (0.3, [0.03, 0.1, 0.3, 1.0])
+    assert asked == [0.03, 0.1, 0.3, 1.0]
+    # the top edge keeps winning: the grid widens to the ladder's end and stops there
+    rising = {0.03: 0.1, 0.1: 0.2, 0.3: 0.3, 1.0: 0.4, 3.0: 0.5}
+    assert tuning(rising) == (3.0, [0.03, 0.1, 0.3, 1.0, 3.0]) and asked[-1] == 3.0
+    # the bottom edge wins: the grid widens downward
+    assert tuning({0.01: 0.85, 0.03: 0.9, 0.1: 0.8, 0.3: 0.7}) == (0.03, [0.01, 0.03, 0.1, 0.3])
+
+
+def test_practical_gap_uses_the_tuned_lr_and_a_t_interval_over_seeds():
     import math
 
     def finished(accuracy):  # a run's summary whose last evaluation has this accuracy
         return {"round": [0, 2], "accuracy": [0.0, accuracy]}
 
-    scale = dataclasses.replace(
-        wide_fedavg.QUICK, multipliers=(1,), practical_seeds=(0, 1, 2), practical_lrs=(0.1, 0.3), last_evals=1
-    )
+    scale = dataclasses.replace(wide_fedavg.QUICK, multipliers=(1,), practical_seeds=(0, 1, 2), last_evals=1)
     key = wide_fedavg.practical_key
-    runs = {key(1, 0.1, s, "iid"): finished(0.8) for s in range(3)}
+    runs = {key(1, 0.1, s, "iid"): finished(0.8) for s in range(3)}  # not the tuned lr: must not count
     runs |= {key(1, 0.3, s, "iid"): finished(a) for s, a in enumerate((0.9, 0.85, 0.95))}
-    assert wide_fedavg.tuned_lrs(scale, runs) == {1: 0.3}
     runs |= {key(1, 0.3, s, "non-iid"): finished(0.8) for s in range(3)}
-    row = wide_fedavg.practical_table(scale, runs, {1: 0.3})[1]
-    assert row["gap_per_seed"] == pytest.approx([10.0, 5.0, 15.0])
+    row = wide_fedavg.practical_table(scale, runs, {1: 0.3}, {1: [0.1, 0.3, 1.0]})[1]
+    assert row["gap_per_seed"] == pytest.approx([10.0, 5.0, 15.0]) and row["lrs_tried"] == [0.1, 0.3, 1.0]
     half = 4.30265 * 5 / math.sqrt(3)  # s = 5 over 3 seeds, t_{0.975, 2} = 4.30265
     assert row["gap_points"] == pytest.approx(10.0) and row["gap_ci"] == pytest.approx(
         [10 - half, 10 + half], abs=1e-4
@@ -99,8 +124,6 @@ def test_theory_summary_averages_divergence_over_trained_rounds_and_takes_the_re
 def test_theory_table_means_over_seeds_then_fits_the_slope_against_width():
     """Two seeds at width 64 average to 2/8, the widest's one seed is 2/16: slope log(1/2)/log(4) = -1/2;
     one seed at a width gives no interval."""
-    import dataclasses
-
     scale = dataclasses.replace(
         wide_fedavg.QUICK, widths=(64, 256), taus=(5,), seeds=(0, 1), seeds_widest=(0,)
     )
@@ -118,13 +141,27 @@ def test_theory_table_means_over_seeds_then_fits_the_slope_against_width():
     with pytest.raises(KeyError):  # the widest width's other seeds are not read
         wide_fedavg.theory_table(dataclasses.replace(scale, seeds_widest=(0, 1)), summaries)
     layers = {64: {"input layer": 0.5}, 256: {"input layer": 0.25}}
-    practical = {1: {"lr": 0.1, "iid": 0.9, "non-iid": 0.8, "gap_points": 10.0, "gap_ci": [4.0, 16.0]}}
+    practical = {
+        1: {
+            "lr": 0.1,
+            "lrs_tried": [0.1],
+            "iid": 0.9,
+            "non-iid": 0.8,
+            "gap_points": 10.0,
+            "gap_ci": [4.0, 16.0],
+        }
+    }
     lines = wide_fedavg.markdown(scale, table, layers, practical, "cmd", 1.0).splitlines()
     assert "| (b) client divergence (effective weights) | -0.50 | n/a (one seed) |" in lines
     assert "| 64 | 0.2500 | 0.2500 | 0.2500 | 0.2500 | 0.2500 | 0.2500 | 0.2500 | 0.2500 / 0.2500 |" in lines
     assert "| 256 | 0.1250 | 0.1250 | 0.1250 | 0.1250 | 0.1250 | 0.1250 | 0.1250 | 0.1250 / 0.1250 |" in lines
     assert "| 64 | 0.5000 |" in lines and "| 256 | 0.2500 |" in lines  # (b) by layer
-    assert "| 1 | 200 | 0.1 | 0.9000 | 0.8000 | 10 | [4, 16] | 17.4 |" in lines  # a 12-point-wide interval
+    assert (
+        "| 1 | 200 | 0.1 | 0.1 | 0.9000 | 0.8000 | 10 | [4, 16] | 17.4 |" in lines
+    )  # a 12-point-wide interval
+    widened = dataclasses.replace(scale, practical_lr_ladder=(0.01, 0.1))  # 0.1 ends the ladder: it is marked
+    lines = wide_fedavg.markdown(widened, table, layers, practical, "cmd", 1.0).splitlines()
+    assert "| 1 | 200 | 0.1 (ladder's edge) | 0.1 | 0.9000 | 0.8000 | 10 | [4, 16] | 17.4 |" in lines
 
 
 def test_decimals_are_those_the_interval_supports():
