@@ -22,7 +22,7 @@ Jian & Liu, "Widening the Network Mitigates the Impact of Data Heterogeneity on 
    for k in {1, 2, 4, 16, 32}, cross-entropy, minibatch SGD with the lr tuned per width on IID data
    (tune_lr): the IID minus non-IID test accuracy gap per width, beside the paper's MNIST numbers.
 
-    python benchmarks/wide_fedavg.py            # full (est. 2-3 h on 2 idle cores): JSON, plots, docs
+    python benchmarks/wide_fedavg.py            # full (about 2.4 h on 2 idle cores): JSON, plots, docs
     python benchmarks/wide_fedavg.py --quick    # a few minutes, same code at tiny scale (smoke test)
 The full run is longer than a work session, so what the tables need of each finished run (the
 theory run's measurements, the practical run's accuracy by evaluation, the by-layer divergence) is
@@ -88,6 +88,13 @@ class Scale:
     practical_lrs: tuple[float, ...]  # the lr grid every width starts from, tuned on IID data
     practical_lr_ladder: tuple[float, ...]  # where the grid may widen when its edge wins (tune_lr)
     layer_rounds: int  # rounds of the per-layer divergence check (seed 0, largest tau)
+
+    def __post_init__(self) -> None:  # a bad scale fails here, not hours into the run
+        if not set(self.practical_lrs) <= set(self.practical_lr_ladder):
+            raise ValueError(
+                f"practical_lrs {self.practical_lrs} must all lie on practical_lr_ladder "
+                f"{self.practical_lr_ladder}: tune_lr widens the grid along the ladder"
+            )
 
 
 FULL = Scale(

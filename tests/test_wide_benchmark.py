@@ -79,6 +79,11 @@ def test_the_lr_grid_widens_toward_a_winning_edge_until_the_best_is_inside_or_th
     assert tuning({0.01: 0.85, 0.03: 0.9, 0.1: 0.8, 0.3: 0.7}) == (0.03, [0.01, 0.03, 0.1, 0.3])
 
 
+def test_a_grid_off_the_ladder_is_refused_before_anything_runs():
+    with pytest.raises(ValueError, match="must all lie on practical_lr_ladder"):
+        dataclasses.replace(wide_fedavg.QUICK, practical_lrs=(0.2,), practical_lr_ladder=(0.1, 0.3))
+
+
 def test_practical_gap_uses_the_tuned_lr_and_a_t_interval_over_seeds():
     import math
 
