@@ -201,9 +201,21 @@ class Algorithm(ABC):
     # averaged like weights. Algorithms whose math is about gradients (control variates, duals,
     # projections) leave it False and refuse such models.
     averages_buffers: ClassVar[bool] = False
-    # The uplink arrays that form a model delta, by name prefix ("": all of them), which the server
-    # chain (server/aggregation.py: robust rules, clipping, DP) may combine; None: not a delta.
+    # The uplink arrays the server chain (server/aggregation.py: robust rules, clipping, DP) and
+    # local DP combine, as one vector per client, by name prefix ("": all of them); None: the
+    # uplink is not a vector they can combine.
     delta_prefix: ClassVar[str | None] = None
+    # The uplink arrays that carry what a client learned from its data (per-client secrets), by
+    # name prefix ("": all of them). A privacy or robustness mechanism must cover every one, or
+    # the combination is refused before work (``covers_secrets``): SCAFFOLD's control-variate
+    # update is as much a function of the client's data as its model delta.
+    secret_prefixes: ClassVar[tuple[str, ...]] = ("",)
+
+    @classmethod
+    def covers_secrets(cls) -> bool:
+        """Whether the arrays the server chain combines include every per-client secret."""
+        prefix = cls.delta_prefix
+        return prefix is not None and all(secret.startswith(prefix) for secret in cls.secret_prefixes)
 
     def __init__(self, config: AlgorithmConfig):
         self.config = config

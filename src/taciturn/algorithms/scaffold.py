@@ -24,6 +24,13 @@ The correction enters the local objective as the linear term <y, c - c_i>, whose
 exactly c - c_i, so SCAFFOLD keeps the shared objective shape (and vmaps like the others).
 Messages carry two vectors each way, and the ledger counts both.
 
+Under the server chain (robust rules, clipping, central DP) and local DP, (dy, dc) is one vector:
+clipped together to S and noised together (one Gaussian mechanism of sensitivity S on the
+concatenation, so the accounting is DP-FedAvg's), or robustly combined coordinate by coordinate
+(median) or client by client (Krum), so an attacker cannot reach c through dc. The chain returns
+the round's mean (dy, dc); x moves by it and c by (sum_S p_i) x mean dc, which is line 17 for the
+plain mean (under DP: q x the fixed-denominator mean, q = the sampling rate).
+
 Under loss (DESIGN.md, "Acceptance"): a client's c_i+ takes effect only when the server has
 accepted the uplink (dy, dc) that carries it (engine/executor.py, the commit protocol). A lost
 downlink means the client sits the round out; a lost or rejected uplink means its round never
@@ -103,7 +110,9 @@ class Scaffold(Algorithm):
     name = "scaffold"
     Config = ScaffoldConfig
     config: ScaffoldConfig
-    delta_prefix = "dy/"  # the server chain combines the model deltas; dc keeps its weighted sum
+    # Both dy and dc are functions of the client's data: the server chain (robust rules, DP) and
+    # local DP treat (dy, dc) as one vector, so both are clipped, noised or robustly combined.
+    delta_prefix = ""
 
     def init_server(self, params: Params, num_clients: int) -> ScaffoldState:
         return ScaffoldState(clone(params), zeros_like(params))
@@ -150,9 +159,11 @@ class Scaffold(Algorithm):
         return ClientOutput(uplink, state=with_prefix("c", c_new))
 
     def _weight(self, arrival: Arrival) -> float:
-        """p_i from the server's own figures (num_samples was replaced by the trusted weight)."""
+        """p_i from the server's own figures (num_samples was replaced by the trusted weight). The
+        server chain's one standing arrival (server/aggregation.py) carries the mean of the clients
+        it stands for: its weight is theirs together, sum_S p_i (``clients`` of them)."""
         if self.config.weighting == "uniform":
-            return 1.0 / self.num_clients
+            return arrival.message.meta.get("clients", 1) / self.num_clients
         return arrival.message.meta["num_samples"] / self.total_weight
 
     # ----- server -----

@@ -6,6 +6,8 @@ validated before the algorithm sees it, and the executor decides where the clien
 still sum to Inf) is discarded: the round is skipped (run as if no uplink had arrived), the model
 kept, and the reason logged and reported. Then the executor commits the staged state of the
 clients whose uplink the server accepted and applied, and only theirs (none in a skipped round).
+A round whose aggregation rule cannot keep its guarantee for the updates that arrived (too few
+for Krum's f, for the trimmed mean's cut: ``OutsideGuarantee``) is skipped the same way.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from taciturn.core.rng import SERVER, Streams
 from taciturn.engine.executor import Executor
 from taciturn.engine.validation import state_problem
 from taciturn.server.aggregation import ServerAggregation
+from taciturn.server.transform import OutsideGuarantee
 from taciturn.tasks.base import ClientData
 
 log = logging.getLogger(__name__)
@@ -82,13 +85,18 @@ class Federation:
             part.client_info,
             part.arrivals,
         )
-        accumulated, chain_state = part.accumulated, None
+        accumulated, chain_state, problem = part.accumulated, None, None
         if self.aggregation is not None:  # the chain's result stands for all the round's updates
-            standing, chain_state, report.server_info = self.aggregation.apply(round, accumulated, spec)
-            accumulated = algorithm.accumulate(standing)
-        new_state = algorithm.aggregate(state, round, accumulated)
+            try:
+                standing, chain_state, report.server_info = self.aggregation.apply(round, accumulated, spec)
+                accumulated = algorithm.accumulate(standing)
+            except OutsideGuarantee as outside:
+                problem = str(outside)
+        if problem is None:
+            new_state = algorithm.aggregate(state, round, accumulated)
+            problem = state_problem(new_state)
         applied = report.accepted
-        if (problem := state_problem(new_state)) is not None:
+        if problem is not None:
             log.warning("round %d skipped, the model kept: %s", round, problem)
             report.skipped, applied = problem, []
             new_state = algorithm.aggregate(state, round, algorithm.accumulate([]))  # as if none arrived

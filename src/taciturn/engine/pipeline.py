@@ -7,6 +7,10 @@ weight by the one it trusts (engine/trust.py), and the accepted arrivals are red
 ``algorithm.accumulate``. A parallel executor runs this for each worker's share and merges the
 parts.
 
+Private runs ([privacy], [secagg]): a client's training statistics (``train_loss``) never leave
+it, since no mechanism covers them, and under [privacy] the server's log names no client (which
+clients took part is what amplification by sampling assumes hidden).
+
 Acceptance (DESIGN.md): a client's new state is only *staged* while its uplink travels. It goes to
 the store when the server has accepted that uplink (``commit``, called by the Federation once the
 round's aggregate is validated); a dropped or rejected uplink, or a skipped round, leaves the
@@ -40,7 +44,7 @@ from taciturn.core.message import Message
 from taciturn.core.rng import SERVER, Streams
 from taciturn.core.state_store import ClientState, ClientStateStore
 from taciturn.engine.trust import TrustConfig, TrustedWeights
-from taciturn.engine.validation import uplink_problem
+from taciturn.engine.validation import overflow_problem, uplink_problem
 from taciturn.privacy.gaussian import LocalGaussian
 from taciturn.secagg.config import SecAggFailed
 from taciturn.secagg.quantize import dequantize_sum, levels, quantize
@@ -50,6 +54,8 @@ if TYPE_CHECKING:  # the protocol needs the optional extra 'secagg'
     from taciturn.secagg.protocol import SecureSum
 
 log = logging.getLogger(__name__)
+
+STATISTICS = ("train_loss",)  # uplink metadata that only reports on training: kept home in private runs
 
 
 class Trainer(Protocol):
@@ -88,6 +94,7 @@ class ClientPipeline:
         poisoning: ModelPoisoning | None = None,
         local_dp: LocalGaussian | None = None,
         secure_sum: SecureSum | None = None,
+        private: bool = False,
     ):
         self.algorithm = algorithm
         self.buffers = buffers  # parameter names local training updates without a gradient
@@ -100,6 +107,8 @@ class ClientPipeline:
         self.poisoning = poisoning  # simulated attackers' uplinks (attacks/poisoning.py), if any
         self.local_dp = local_dp  # each client's own clip and noise (privacy/gaussian.py), if any
         self.secure_sum = secure_sum  # the server sees only the sum (secagg/), if any
+        self.private = private  # [privacy]: no client named in the log
+        self.keep_statistics = not private and secure_sum is None
         algorithm.use_streams(streams)  # before any worker forks: every copy of the algorithm has them
         self.trust = TrustedWeights(trust or TrustConfig(), data)
         algorithm.use_population(data.num_clients, self.trust.total())
@@ -141,7 +150,7 @@ class ClientPipeline:
             try:
                 begun = algorithm.client_begin(ctx)
             except Exception as error:  # one broken client must not end the federation
-                outputs[i] = _failed(ctx, error)
+                outputs[i] = self._failed(ctx, error)
                 continue
             if isinstance(begun, LocalTraining):
                 works[i] = begun
@@ -150,12 +159,12 @@ class ClientPipeline:
         results = trainer.train(algorithm, [(contexts[i], w) for i, w in works.items()])
         for (i, work), result in zip(works.items(), results, strict=True):
             if isinstance(result, Exception):
-                outputs[i] = _failed(contexts[i], result)
+                outputs[i] = self._failed(contexts[i], result)
                 continue
             try:
                 outputs[i] = algorithm.client_end(contexts[i], work, result)
             except Exception as error:
-                outputs[i] = _failed(contexts[i], error)
+                outputs[i] = self._failed(contexts[i], error)
         return self._collect(round, contexts, outputs, spec)
 
     def _collect(self, round, contexts, outputs, spec) -> RoundPart:
@@ -173,7 +182,7 @@ class ClientPipeline:
                 continue
             if output.state is not None:
                 self._stage(round, ctx.client, output.state)
-            uplinks.append((ctx.client, output.uplink))
+            uplinks.append((ctx.client, output.uplink if self.keep_statistics else without_statistics(output.uplink)))
         if self.local_dp is not None:
             uplinks = [(client, self.local_dp.apply(round, client, uplink)) for client, uplink in uplinks]
         if self.poisoning is not None:
@@ -198,7 +207,7 @@ class ClientPipeline:
         assert self.secure_sum is not None
         config = self.secure_sum.config
         names = sorted(spec)
-        inputs, losses = {}, {}
+        inputs = {}
         for client, uplink in uplinks:
             if set(uplink.arrays) != set(names) or any(
                 uplink.arrays[n].shape != spec[n].shape for n in names
@@ -206,7 +215,6 @@ class ClientPipeline:
                 part.rejected.append((client, "its update does not fit the secure-aggregation vector"))
                 continue
             inputs[client] = np.concatenate([uplink.arrays[n].reshape(-1) for n in names])
-            losses[client] = uplink.meta.get("train_loss")
         if not inputs:
             return
         level = levels(len(inputs), config.bits)
@@ -226,8 +234,8 @@ class ClientPipeline:
             arrays[n] = mean[offset : offset + size].reshape(spec[n].shape).astype(spec[n].dtype)
             offset += size
         part.accepted += survivors
-        part.losses += [loss for c in survivors if isinstance(loss := losses[c], float)]
-        arrivals.append(Arrival(SERVER, Message(arrays, {"num_samples": len(survivors)})))
+        standing = {"num_samples": len(survivors), "clients": len(survivors)}  # equal weights
+        arrivals.append(Arrival(SERVER, Message(arrays, standing)))
 
     def accumulate(self, arrivals: Sequence[Arrival]) -> Any:
         return list(arrivals) if self.per_client else self.algorithm.accumulate(arrivals)
@@ -248,16 +256,34 @@ class ClientPipeline:
     ) -> None:
         """The server's check of an uplink that arrived (in simulation or from a deployed node):
         rejected with a reason, or accepted into ``arrivals`` with the weight the server trusts."""
-        reason = uplink_problem(arrived, spec) or self.algorithm.check_uplink_meta(arrived)
+        reason = (
+            uplink_problem(arrived, spec)
+            or self.algorithm.check_uplink_meta(arrived)
+            or overflow_problem(arrived, self.algorithm.total_weight)
+        )
         if reason is not None:
-            log.warning("round %d: rejected the update of client %d: %s", round, client, reason)
+            log.warning("round %d: rejected the update of %s: %s", round, self._who(client), reason)
             part.rejected.append((client, reason))
             return
         arrived = self.trust.apply(client, arrived)
         part.accepted.append(client)
-        if isinstance(loss := arrived.meta.get("train_loss"), float):
+        if self.keep_statistics and isinstance(loss := arrived.meta.get("train_loss"), float):
             part.losses.append(loss)
         arrivals.append(Arrival(client, arrived))
+
+    def _who(self, client: int) -> str:
+        return "a client" if self.private else f"client {client}"
+
+    def _failed(self, ctx: ClientContext, error: Exception) -> Exception:
+        log.error(
+            "%s failed in round %d: %s: %s",
+            self._who(ctx.client),
+            ctx.round,
+            type(error).__name__,
+            error,
+            exc_info=error,
+        )
+        return error
 
     def _stage(self, round: int, client: int, state: ClientState) -> None:
         if self._staged_round != round:  # an earlier round never committed: nothing of it was accepted
@@ -277,16 +303,9 @@ class ClientPipeline:
         self._staged, self._staged_round = {}, None
 
 
-def _failed(ctx: ClientContext, error: Exception) -> Exception:
-    log.error(
-        "client %d failed in round %d: %s: %s",
-        ctx.client,
-        ctx.round,
-        type(error).__name__,
-        error,
-        exc_info=error,
-    )
-    return error
+def without_statistics(uplink: Message) -> Message:
+    """``uplink`` without the metadata that only reports on training (no mechanism covers it)."""
+    return Message(uplink.arrays, {k: v for k, v in uplink.meta.items() if k not in STATISTICS})
 
 
 def merge(pipeline: ClientPipeline, parts: Sequence[RoundPart], clients: Sequence[int]) -> RoundPart:

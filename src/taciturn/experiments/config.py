@@ -481,8 +481,12 @@ class RunConfig(StrictModel):
     def _secagg_fits(self) -> RunConfig:
         if not self.secagg.enabled:
             return self
-        if REGISTRY[self.algorithm.name].delta_prefix != "":
-            raise ValueError("[secagg] sums model deltas: use algorithm.name = 'fedavg' or 'fedprox'")
+        algorithm = REGISTRY[self.algorithm.name]
+        if algorithm.delta_prefix != "" or algorithm.keeps_client_state:
+            raise ValueError(
+                "[secagg] sums the model deltas of stateless clients with equal weights: use "
+                "algorithm.name = 'fedavg' or 'fedprox'"
+            )
         if self.engine.executor.startswith("parallel"):
             raise ValueError("[secagg] runs the protocol among all of a round's clients in one process")
         if self.aggregation != AggregationConfig() or (
@@ -506,13 +510,15 @@ class RunConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _server_chain_needs_a_delta(self) -> RunConfig:
-        if (self.aggregation.per_client or self.privacy.enabled) and REGISTRY[
+    def _mechanisms_cover_every_secret(self) -> RunConfig:
+        """A privacy or robustness mechanism covers every array an algorithm sends about its data
+        (``Algorithm.covers_secrets``), or the combination is refused here, before work."""
+        if (self.aggregation.per_client or self.privacy.enabled) and not REGISTRY[
             self.algorithm.name
-        ].delta_prefix is None:
+        ].covers_secrets():
             raise ValueError(
-                f"[aggregation] combines model deltas; algorithm '{self.algorithm.name}' sends none "
-                "(use fedavg, fedprox or scaffold)"
+                f"[aggregation] and [privacy] must cover every array an algorithm sends; algorithm "
+                f"'{self.algorithm.name}' sends arrays they cannot combine (use fedavg, fedprox or scaffold)"
             )
         return self
 

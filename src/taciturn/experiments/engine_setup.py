@@ -27,6 +27,7 @@ from taciturn.engine.trial import TrialExecutor
 from taciturn.engine.vectorized import VectorizedExecutor
 from taciturn.experiments.config import ConfigError, RunConfig
 from taciturn.privacy.gaussian import GaussianSum, LocalGaussian, expected_clients
+from taciturn.privacy.noise import GaussianNoise
 from taciturn.secagg.quantize import levels
 from taciturn.server.aggregation import ServerAggregation, build_chain
 from taciturn.server.clipping import NormBound
@@ -145,7 +146,8 @@ def build_federation(
     privacy = config.privacy
     if privacy.enabled and privacy.mode == "local":
         assert noise_multiplier is not None and algorithm.delta_prefix is not None
-        local_dp = LocalGaussian(noise_multiplier, privacy.clip, algorithm.delta_prefix, streams)
+        noise = GaussianNoise(privacy.reproducible_noise)
+        local_dp = LocalGaussian(noise_multiplier, privacy.clip, algorithm.delta_prefix, streams, noise)
     poisoning = None
     if config.attack.active and config.attack.kind != "label_flip":
         attackers = pick_attackers(config.attack.fraction, data.num_clients, streams)
@@ -170,6 +172,7 @@ def build_federation(
         poisoning=poisoning,
         local_dp=local_dp,
         secure_sum=secure_sum(config, data, streams, simulated=remote is None),
+        private=privacy.enabled,
     )
     if picked is None:
         executor = remote(pipeline)
@@ -182,7 +185,11 @@ def build_federation(
         named = f"{picked.executor} or {picked.challenger}" if picked.challenger else picked.executor
         workers = f" with {picked.workers} workers" if picked.workers else ""
         note = f"executor: {named}{workers} ({picked.reason}); client state: {type(store).__name__}"
-    aggregation = None if chain is None else ServerAggregation(chain, algorithm, streams)
+    aggregation = None
+    if chain is not None:
+        central = privacy.enabled and privacy.mode == "central"
+        expected = dp_expected_clients(config, data) if central else None
+        aggregation = ServerAggregation(chain, algorithm, streams, expected)
     poisson = config.algorithm.fraction if privacy.enabled and privacy.sampling == "poisson" else None
     return Federation(algorithm, executor, streams, data, aggregation, poisson), store, note
 
@@ -215,10 +222,24 @@ def server_chain(config: RunConfig, data: ClientData, noise_multiplier: float | 
     privacy = config.privacy
     if privacy.enabled and privacy.mode == "central":
         assert noise_multiplier is not None
-        per_round = config.algorithm.clients_per_round(data.num_clients)
-        expected = expected_clients(privacy.sampling, config.algorithm.fraction, data.num_clients, per_round)
-        return Chain([NormBound(privacy.clip), GaussianSum(noise_multiplier, privacy.clip, expected)])
-    return build_chain(config.aggregation) if config.aggregation.per_client else None
+        noise = GaussianNoise(privacy.reproducible_noise)
+        return Chain(
+            [
+                NormBound(privacy.clip, count=False),  # the exact clipped count is no DP release
+                GaussianSum(noise_multiplier, privacy.clip, dp_expected_clients(config, data), noise),
+            ]
+        )
+    if not config.aggregation.per_client:
+        return None
+    if problem := config.aggregation.problem(config.algorithm.clients_per_round(data.num_clients)):
+        raise ConfigError(f"[aggregation] {problem}")
+    return build_chain(config.aggregation)
+
+
+def dp_expected_clients(config: RunConfig, data: ClientData) -> float:
+    """q N: the clients a central-DP round expects, its release's fixed denominator."""
+    per_round = config.algorithm.clients_per_round(data.num_clients)
+    return expected_clients(config.privacy.sampling, config.algorithm.fraction, data.num_clients, per_round)
 
 
 def build_executor(

@@ -48,6 +48,7 @@ from taciturn.experiments.user import (
     user_loss,
     user_model,
 )
+from taciturn.privacy.config import NOT_PRIVATE
 from taciturn.report.divergence import divergence, row_line
 from taciturn.report.rundir import RunDir, RunDirError
 from taciturn.server.aggregation import ChainState
@@ -326,9 +327,12 @@ def build_accountant(config: RunConfig, num_clients: int) -> Any:
         raise ConfigError("[privacy] needs dp-accounting: pip install 'taciturn[dp]'") from None
     privacy, fraction = config.privacy, config.algorithm.fraction
     per_round = config.algorithm.clients_per_round(num_clients)
-    z = privacy.noise_multiplier or solve_noise_multiplier(
-        privacy, num_clients, fraction, per_round, config.rounds
-    )
+    try:
+        z = privacy.noise_multiplier or solve_noise_multiplier(
+            privacy, num_clients, fraction, per_round, config.rounds
+        )
+    except ValueError as error:
+        raise ConfigError(f"[privacy.target_epsilon] {error}") from None
     log.info(
         "client-level DP: noise multiplier %.4f (%s accountant, delta %g)",
         z,
@@ -380,6 +384,8 @@ def start(
         exp = prepare(config, out, objects=objects, remote=remote)  # all that can fail on config or data
         rundir.reset(to_toml(config))
         info = {"primary_metric": exp.task.primary_metric, "engine": exp.engine_note}
+        if exp.accountant is not None:
+            info["privacy"] = privacy_record(config, exp.accountant)
         rundir.info.write_text(json.dumps(info | model_record(exp.task, exp.data)))
         _write_partition(exp)
         params = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))
@@ -475,7 +481,38 @@ def _evaluate(
         "skipped": counters.get("skipped", 0),
         "wall_s": round(counters["wall_s"], 3),
         **({} if report is None else report.server_info),
-        **({} if exp.accountant is None else {"epsilon": exp.accountant.epsilon(counters["round"])}),
+        **({} if exp.accountant is None else epsilon_columns(exp.config, exp.accountant, counters["round"])),
+    }
+
+
+def epsilon_columns(config: RunConfig, accountant: Any, round: int) -> dict[str, Any]:
+    """``epsilon`` after ``round`` (local DP: of one participation). With reproducible noise the
+    column says "not private: reproducible noise" instead, and the figure the accountant gives
+    (what the mechanism would cost with secret noise) is ``nominal_epsilon``."""
+    epsilon = accountant.epsilon(round)
+    if config.privacy.reproducible_noise:
+        return {"epsilon": NOT_PRIVATE, "nominal_epsilon": epsilon}
+    return {"epsilon": epsilon}
+
+
+def privacy_record(config: RunConfig, accountant: Any) -> dict[str, Any]:
+    """What run.json says about a private run: the mechanism, what its epsilon means, and where
+    its noise came from."""
+    privacy = config.privacy
+    central = privacy.mode == "central"
+    return {
+        "mode": privacy.mode,
+        "noise": NOT_PRIVATE if privacy.reproducible_noise else "the OS CSPRNG (os.urandom)",
+        "noise_multiplier": accountant.noise_multiplier,
+        "clip": privacy.clip,
+        "delta": privacy.delta,
+        "accountant": privacy.accountant,
+        "epsilon": "after each round, over the whole run"
+        if central
+        else "of one client's participation, against the server (no amplification by sampling)",
+        "neighbours": "add/remove-one client"
+        if not central or privacy.sampling == "poisson"
+        else "replace-one client (sensitivity 2 clip)",
     }
 
 
@@ -486,11 +523,13 @@ def _with_analysis(exp: Experiment, state: Any, row: dict[str, Any]) -> dict[str
     return row | exp.analysis.metrics(exp.algorithm.global_params(state))
 
 
-def _record_events(rundir: RunDir, report: RoundReport) -> None:
+def _record_events(rundir: RunDir, report: RoundReport, private: bool) -> None:
+    """``private``: events name no client (who took part is what sampling hides)."""
     for kind, items in (("rejected", report.rejected), ("failed", report.failed)):
         for client, reason in items:
             RunDir.append_jsonl(
-                rundir.events, {"round": report.round, "client": client, "event": kind, "reason": reason}
+                rundir.events,
+                {"round": report.round, "client": None if private else client, "event": kind, "reason": reason},
             )
     if report.skipped is not None:
         RunDir.append_jsonl(
@@ -509,6 +548,12 @@ def _loop(
     config, rundir = exp.config, exp.rundir
     handler = _attach_log(rundir)
     log.info(exp.engine_note)
+    if config.privacy.enabled and config.privacy.reproducible_noise:
+        log.warning(
+            "%s: [privacy] reproducible_noise = true draws the noise from the run seed, which anyone "
+            "with the config can regenerate and subtract; use it for research only",
+            NOT_PRIVATE,
+        )
     log.info(
         "run %s: %s on %s, rounds %d..%d",
         config.name,
@@ -530,8 +575,9 @@ def _loop(
                 counters["wall_s"] += time.perf_counter() - started
                 if exp.analysis is not None:
                     exp.analysis.after_round(round, started_from, report)  # not timed: not FedAvg's cost
-                exp.ledger.append_csv(rundir.ledger, round)
-                _record_events(rundir, report)
+                private = config.privacy.enabled
+                exp.ledger.append_csv(rundir.ledger, round, by_client=not private)
+                _record_events(rundir, report, private)
                 if report.selected and len(report.failed) == len(report.selected):
                     raise RunFailed(
                         f"every client failed in round {round}; first error: {report.failed[0][1]}"

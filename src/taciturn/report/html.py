@@ -123,12 +123,7 @@ def write_report(rundir: RunDir) -> Path:
             "statistics.</p>",
         ]
     if rows[-1].get("epsilon") is not None:
-        parts += [
-            "<h2>Privacy</h2>",
-            f"<p>Client-level differential privacy: epsilon = {rows[-1]['epsilon']:.4g} after round "
-            f"{rows[-1]['round']}, at the delta of <code>[privacy]</code> (dp-accounting; per round in "
-            "the metrics below).</p>",
-        ]
+        parts += ["<h2>Privacy</h2>", _privacy(rows[-1], rundir)]
     events = RunDir.read_jsonl(rundir.events)
     if events:
         parts += [
@@ -146,6 +141,35 @@ def write_report(rundir: RunDir) -> Path:
         f"<pre>{html.escape(rundir.config.read_text())}</pre>",
     ]
     return page(rundir.report, f"taciturn: {rundir.path.name}", parts)
+
+
+def _privacy(last: dict, rundir: RunDir) -> str:
+    """The privacy paragraph: epsilon and what it means, or, with reproducible noise, that the run
+    is not private (its epsilon is what the mechanism would cost with secret noise)."""
+    try:
+        record = json.loads(rundir.info.read_text()).get("privacy") or {}
+    except (OSError, ValueError, AttributeError):
+        record = {}
+    if not isinstance(last["epsilon"], int | float):  # "not private: reproducible noise"
+        return (
+            f'<p style="color:#b00;font-weight:bold">{html.escape(str(last["epsilon"]))}. The noise came '
+            "from the run seed (<code>[privacy] reproducible_noise = true</code>), which anyone with the "
+            "config can regenerate and subtract: this run releases its clients' updates. Nominal "
+            f"epsilon {_number(last.get('nominal_epsilon'))} after round {last['round']} is what the "
+            "mechanism would cost with secret noise.</p>"
+        )
+    if record.get("mode") == "local":
+        return (
+            f"<p>Local differential privacy: each client's participation costs epsilon = "
+            f"{last['epsilon']:.4g} against the server, at the delta of <code>[privacy]</code> "
+            "(dp-accounting; a client that takes part k times spends k of them composed). Noise from "
+            "the OS CSPRNG.</p>"
+        )
+    return (
+        f"<p>Client-level differential privacy: epsilon = {last['epsilon']:.4g} after round "
+        f"{last['round']}, at the delta of <code>[privacy]</code> (dp-accounting; per round in "
+        "the metrics below). Noise from the OS CSPRNG.</p>"
+    )
 
 
 def _histogram_table(part: dict, max_clients: int = 100) -> str:
