@@ -484,7 +484,7 @@ class RunConfig(StrictModel):
         algorithm = REGISTRY[self.algorithm.name]
         if algorithm.delta_prefix != "" or algorithm.keeps_client_state:
             raise ValueError(
-                "[secagg] sums the model deltas of stateless clients with equal weights: use "
+                "[secagg] sums model deltas of stateless clients with equal weights: use "
                 "algorithm.name = 'fedavg' or 'fedprox'"
             )
         if self.engine.executor.startswith("parallel"):
