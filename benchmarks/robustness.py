@@ -5,7 +5,9 @@ Issue 18's benchmark. Fashion-MNIST, Dirichlet(0.5) over 100 clients, 10 a round
 * attacks: every attack at 10/20/30% attackers against every server rule, 3 seeds; each cell the
   mean final accuracy with its 95% t-interval (intervals.py), the clean run beside it;
 * privacy: DP-FedAvg (central, Poisson sampling, RDP) on 1,000 clients at epsilon 1, 2, 4, 8 and
-  infinity (no noise), delta 1e-5, the noise multiplier solved for each epsilon before work;
+  infinity (no noise), delta 1e-5, the noise multiplier solved for each epsilon before work; the
+  noise is fresh, from the OS CSPRNG (taciturn's default since issue 39), so a rerun of one config
+  and seed gives another sample of the mechanism, not the same number;
 * secagg: bytes each client sends and receives per round under SecAgg (complete graph) and SecAgg+
   (sparse, k = 8) for 10/50/100 clients a round, against the plain model's bytes, from the ledger.
 
@@ -17,6 +19,8 @@ of one torch thread each.
 
     python benchmarks/robustness.py --quick     # smoke: the same code at tiny scale, labelled so
     python benchmarks/robustness.py             # the full grid: 396 runs, about an hour on 2 idle cores
+    python benchmarks/robustness.py --only privacy --workers 1   # the 15 DP runs only; the other
+                                                # tables are kept from the stored results JSON
 
 Results go to benchmarks/results/robustness.json (quick: robustness_quick.json) in the schema
 {"clean": acc, "attacks": {attack: {fraction: {aggregator: {"mean": acc, "ci95": [lo, hi]}}}},
@@ -331,9 +335,10 @@ def docs(results: dict[str, Any], quick: bool) -> None:
         "",
     ]
     privacy_rows = [[e, _cell(c)] for e, c in results["privacy"].items()]
+    noise = results.get("privacy_noise") or "seeded from the run seed (before issue 39: not private)"
     body += [
         f"DP-FedAvg (central, Poisson sampling, RDP, delta 1e-5, clip 1) on {s['dp_clients']} clients, "
-        f"{s['dp_rounds']} rounds, noise solved for each epsilon:",
+        f"{s['dp_rounds']} rounds, noise solved for each epsilon; noise: {noise}:",
         "",
         markdown_table(["epsilon", "accuracy"], privacy_rows),
         "",
@@ -369,25 +374,33 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="smoke run at tiny scale (labelled so)")
     parser.add_argument("--workers", type=int, default=2, help="runs at once, one torch thread each")
+    parser.add_argument(
+        "--only",
+        choices=["privacy"],
+        help="run only the DP rows; the attack and SecAgg tables are kept from the stored results JSON",
+    )
     args = parser.parse_args()
     s = scale(args.quick)
-    jobs = attack_jobs(s) | privacy_jobs(s)
+    jobs = privacy_jobs(s) if args.only == "privacy" else attack_jobs(s) | privacy_jobs(s)
     RESULTS.mkdir(parents=True, exist_ok=True)
     log = RESULTS / ("robustness_quick_runs.jsonl" if args.quick else "robustness_runs.jsonl")
+    path = RESULTS / ("robustness_quick.json" if args.quick else "robustness.json")
     by_name = run_all(dict(jobs.values()), log, args.workers)
     acc = {key: by_name[name] for key, (name, _) in jobs.items()}
-    clean, attacked = attacks(s, acc)
-    results = {
-        "scale": "smoke (--quick): 1 seed, no intervals, not evidence" if args.quick else "full",
-        "settings": s | {"epsilons": [str(e) for e in s["epsilons"]]},
-        "clean": clean["mean"],
-        "clean_cell": clean,
-        "attacks": attacked,
-        "privacy": privacy(s, acc),
-        "secagg": secagg(s),
-    }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / ("robustness_quick.json" if args.quick else "robustness.json")
+    if args.only == "privacy":
+        results = json.loads(path.read_text())
+    else:
+        clean, attacked = attacks(s, acc)
+        results = {
+            "scale": "smoke (--quick): 1 seed, no intervals, not evidence" if args.quick else "full",
+            "settings": s | {"epsilons": [str(e) for e in s["epsilons"]]},
+            "clean": clean["mean"],
+            "clean_cell": clean,
+            "attacks": attacked,
+            "secagg": secagg(s),
+        }
+    results["privacy"] = privacy(s, acc)
+    results["privacy_noise"] = "fresh, from the OS CSPRNG"
     path.write_text(json.dumps(results, indent=1))
     console.print(f"wrote {path}")
     docs(results, args.quick)

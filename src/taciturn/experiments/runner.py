@@ -510,8 +510,10 @@ def privacy_record(config: RunConfig, accountant: Any) -> dict[str, Any]:
         "epsilon": "after each round, over the whole run"
         if central
         else "of one client's participation, against the server (no amplification by sampling)",
-        "neighbours": "add/remove-one client"
-        if not central or privacy.sampling == "poisson"
+        "neighbours": "the client's own update, any of norm <= clip (sensitivity 2 clip)"
+        if not central
+        else "add/remove-one client"
+        if privacy.sampling == "poisson"
         else "replace-one client (sensitivity 2 clip)",
     }
 
