@@ -336,9 +336,10 @@ def docs(results: dict[str, Any], quick: bool) -> None:
     ]
     privacy_rows = [[e, _cell(c)] for e, c in results["privacy"].items()]
     noise = results.get("privacy_noise") or "seeded from the run seed (before issue 39: not private)"
+    rerun = f" These rows: `{results['privacy_command']}`." if results.get("privacy_command") else ""
     body += [
         f"DP-FedAvg (central, Poisson sampling, RDP, delta 1e-5, clip 1) on {s['dp_clients']} clients, "
-        f"{s['dp_rounds']} rounds, noise solved for each epsilon; noise: {noise}:",
+        f"{s['dp_rounds']} rounds, noise solved for each epsilon; noise: {noise}.{rerun}",
         "",
         markdown_table(["epsilon", "accuracy"], privacy_rows),
         "",
@@ -401,6 +402,12 @@ def main() -> None:
         }
     results["privacy"] = privacy(s, acc)
     results["privacy_noise"] = "fresh, from the OS CSPRNG"
+    quick = " --quick" if args.quick else ""
+    results["privacy_command"] = (
+        f"python benchmarks/robustness.py{quick} --only privacy --workers {args.workers}"
+        if args.only
+        else None
+    )
     path.write_text(json.dumps(results, indent=1))
     console.print(f"wrote {path}")
     docs(results, args.quick)

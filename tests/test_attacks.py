@@ -130,6 +130,10 @@ def test_a_huge_finite_update_is_rejected_by_name_instead_of_skipping_every_roun
     events = RunDir.read_jsonl(rundir.events)
     (attacker,) = pick_attackers(0.125, 8, Streams(config.seed))
     assert last["skipped"] == 0 and last["rejected"] == 3
-    assert all(e["event"] == "rejected" and e["client"] == attacker and "overflow" in e["reason"] for e in events)
-    clean = start(tiny_config(rounds=3, algorithm={"name": name, "fraction": 1.0}), tmp_path / "clean", progress=False)
+    assert all(
+        e["event"] == "rejected" and e["client"] == attacker and "overflow" in e["reason"] for e in events
+    )
+    clean = start(
+        tiny_config(rounds=3, algorithm={"name": name, "fraction": 1.0}), tmp_path / "clean", progress=False
+    )
     assert last["accuracy"] > clean.read_metrics()[0]["accuracy"]  # it learned from the other seven

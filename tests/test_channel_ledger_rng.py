@@ -84,7 +84,10 @@ def test_drops_are_reproducible_from_the_seed():
     def pattern(seed):
         channel = Channel(Ledger(), Streams(seed), drop_up=0.5)
         return [
-            channel.send(Direction.UP, r, c, msg()) is None for r in range(1, 6) for c in range(8) for _ in range(3)
+            channel.send(Direction.UP, r, c, msg()) is None
+            for r in range(1, 6)
+            for c in range(8)
+            for _ in range(3)
         ]
 
     assert pattern(1) == pattern(1)

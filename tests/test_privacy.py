@@ -52,7 +52,9 @@ def test_fixed_size_sampling_is_replace_one_with_twice_the_sensitivity():
     config = PrivacyConfig(enabled=True, noise_multiplier=1.0, sampling="fixed")
     ours = Accountant(config, 1.0, num_clients=1000, fraction=0.01, per_round=10).epsilon(100)
     wor = dp_accounting.SampledWithoutReplacementDpEvent(1000, 10, dp_accounting.GaussianDpEvent(0.5))
-    assert ours == pytest.approx(library_epsilon(rdp.RdpAccountant(neighboring_relation=REPLACE_ONE), wor, 100))
+    assert ours == pytest.approx(
+        library_epsilon(rdp.RdpAccountant(neighboring_relation=REPLACE_ONE), wor, 100)
+    )
     assert ours == pytest.approx(11.21, abs=0.01)
 
 
@@ -135,7 +137,9 @@ def test_the_noise_multiplier_solved_for_a_target_epsilon_spends_it(accountant, 
         return compose(self, event, count)
 
     monkeypatch.setattr(pld.PLDAccountant, "compose", spy)
-    config = PrivacyConfig(enabled=True, target_epsilon=2.0, accountant=accountant, sampling=sampling, mode=mode)
+    config = PrivacyConfig(
+        enabled=True, target_epsilon=2.0, accountant=accountant, sampling=sampling, mode=mode
+    )
     rounds = 100 if accountant == "rdp" else 30  # PLD composes slowly: fewer rounds, the same bracket
     z = solve_noise_multiplier(config, num_clients=1000, fraction=0.01, per_round=10, rounds=rounds)
     assert Accountant(config, z, 1000, 0.01, 10).epsilon(rounds) == pytest.approx(2.0, rel=1e-3)
@@ -247,7 +251,12 @@ def test_two_runs_with_one_config_release_different_models_unless_noise_is_repro
     privacy = {"enabled": True, "noise_multiplier": 0.5, "mode": mode}
     a, b, c, d = (
         start(tiny_config(rounds=2, privacy=privacy | extra), tmp_path / name, progress=False).path
-        for name, extra in (("a", {}), ("b", {}), ("c", {"reproducible_noise": True}), ("d", {"reproducible_noise": True}))
+        for name, extra in (
+            ("a", {}),
+            ("b", {}),
+            ("c", {"reproducible_noise": True}),
+            ("d", {"reproducible_noise": True}),
+        )
     )
     assert final_params(a)[-1] != final_params(b)[-1]
     assert final_params(c) == final_params(d)
@@ -279,7 +288,9 @@ def test_a_private_run_reports_epsilon_each_round_and_says_where_its_noise_came_
 
 
 def test_reproducible_noise_marks_the_run_not_private_everywhere(tmp_path):
-    config = tiny_config(rounds=2, privacy={"enabled": True, "noise_multiplier": 1.0, "reproducible_noise": True})
+    config = tiny_config(
+        rounds=2, privacy={"enabled": True, "noise_multiplier": 1.0, "reproducible_noise": True}
+    )
     rundir = start(config, tmp_path / "seeded", progress=False)
     rows = rundir.read_metrics()
     assert all(r["epsilon"] == NOT_PRIVATE for r in rows)

@@ -240,7 +240,9 @@ def test_parallel_workers_send_per_client_updates_and_agree_with_sequential(tmp_
         ({"kind": "multi_krum", "byzantine": 0, "select": 4}, "select = 4 averages more than"),
     ],
 )
-def test_rules_outside_their_guarantee_for_the_rounds_size_are_refused_before_work(tmp_path, aggregation, says):
+def test_rules_outside_their_guarantee_for_the_rounds_size_are_refused_before_work(
+    tmp_path, aggregation, says
+):
     """Issue 39: Krum with n <= 2f + 2, and byzantine of 5 with 4 clients a round, were accepted."""
     config = tiny_config(algorithm={"name": "fedavg", "fraction": 0.5}, aggregation=aggregation)  # 4 a round
     if aggregation.get("select"):
@@ -248,7 +250,9 @@ def test_rules_outside_their_guarantee_for_the_rounds_size_are_refused_before_wo
     with pytest.raises(ConfigError, match=says):
         start(config, tmp_path / "run", progress=False)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
-    trimmed = tiny_config(algorithm={"name": "fedavg", "fraction": 0.25}, aggregation={"kind": "trimmed_mean"})
+    trimmed = tiny_config(
+        algorithm={"name": "fedavg", "fraction": 0.25}, aggregation={"kind": "trimmed_mean"}
+    )
     with pytest.raises(ConfigError, match="3 or more updates a round, and a round has 2"):
         start(trimmed, tmp_path / "trimmed", progress=False)
 

@@ -56,7 +56,9 @@ class Channel:
             self._round, self._drops = round, {}
         rng = self._drops.get((client, direction))
         if rng is None:
-            rng = self._drops[(client, direction)] = self.streams.numpy(round, client, f"drop-{direction.value}")
+            rng = self._drops[(client, direction)] = self.streams.numpy(
+                round, client, f"drop-{direction.value}"
+            )
         return float(rng.random())
 
     def _deliver(self, direction: Direction, round: int, client: int, nbytes: int) -> bool:

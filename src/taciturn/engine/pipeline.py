@@ -182,7 +182,9 @@ class ClientPipeline:
                 continue
             if output.state is not None:
                 self._stage(round, ctx.client, output.state)
-            uplinks.append((ctx.client, output.uplink if self.keep_statistics else without_statistics(output.uplink)))
+            uplinks.append(
+                (ctx.client, output.uplink if self.keep_statistics else without_statistics(output.uplink))
+            )
         if self.local_dp is not None:
             uplinks = [(client, self.local_dp.apply(round, client, uplink)) for client, uplink in uplinks]
         if self.poisoning is not None:

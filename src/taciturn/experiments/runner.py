@@ -531,7 +531,12 @@ def _record_events(rundir: RunDir, report: RoundReport, private: bool) -> None:
         for client, reason in items:
             RunDir.append_jsonl(
                 rundir.events,
-                {"round": report.round, "client": None if private else client, "event": kind, "reason": reason},
+                {
+                    "round": report.round,
+                    "client": None if private else client,
+                    "event": kind,
+                    "reason": reason,
+                },
             )
     if report.skipped is not None:
         RunDir.append_jsonl(

@@ -24,7 +24,7 @@ class PrivacyConfig(StrictModel):
     target_epsilon: float | None = Field(
         None,
         gt=0,
-        description="solve z so that the run ends at this epsilon (local: so that one participation costs it)",
+        description="solve z so that the run ends at this epsilon (local: one participation costs it)",
     )
     delta: float = Field(1e-5, gt=0, lt=1, description="the delta of (epsilon, delta)-DP")
     accountant: Literal["rdp", "pld"] = Field("rdp", description="Renyi DP or privacy loss distributions")

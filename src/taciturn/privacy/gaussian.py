@@ -28,9 +28,7 @@ from taciturn.server.transform import Info, ServerTransform, State, Updates
 class GaussianSum(ServerTransform):
     releases_without_input = True  # noise / (q N) even in a round that sampled nobody
 
-    def __init__(
-        self, noise_multiplier: float, clip: float, expected_clients: float, noise: GaussianNoise
-    ):
+    def __init__(self, noise_multiplier: float, clip: float, expected_clients: float, noise: GaussianNoise):
         self.z, self.clip, self.expected, self.noise = noise_multiplier, clip, expected_clients, noise
 
     def init(self, dim: int) -> State:
