@@ -224,8 +224,9 @@ class ClientPipeline:
         try:
             survivors, total = self.secure_sum.run(self.channel, round, quantized)
         except SecAggFailed as error:
-            log.warning("round %d: secure aggregation failed: %s", round, error)
-            part.rejected += [(c, f"secure aggregation failed: {error}") for c in inputs]
+            why = "secure aggregation failed" + ("" if self.private else f": {error}")  # it may name a client
+            log.warning("round %d: %s", round, why)
+            part.rejected += [(c, why) for c in inputs]
             return
         if not survivors:
             return
