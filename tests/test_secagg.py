@@ -238,10 +238,15 @@ def test_drops_hit_every_stage_not_only_the_first_message():
 
 
 def test_fewer_than_two_masked_inputs_are_not_unmasked():
+    """The sum of one input is that input: the server stops before asking for any share."""
     xs = {c: x for c, x in inputs(dim=10).items() if c in (2, 3)}
     secagg, _, _ = secure()
+    ledger = Ledger()
     with pytest.raises(SecAggFailed, match="fewer than two"):
-        secagg.run(DropOne(Ledger(), "masked", 3), 1, xs)
+        secagg.run(DropOne(ledger, "masked", 3), 1, xs)
+    # keys, peer keys, shares, routed shares, one masked input: no unmasking request, no reply
+    assert ledger.totals(Direction.DOWN).messages_sent == 2 * 2
+    assert ledger.totals(Direction.UP).messages_sent == 2 * 2 + 2
 
 
 def test_keys_and_masks_do_not_come_from_the_run_seed():

@@ -162,6 +162,10 @@ class SecureSum:
                 got := self._send(Direction.UP, round, u, Message({"y": y}, {"secagg": "masked"}))
             ) is not None:
                 masked[u] = got.arrays["y"]
+        if len(masked) < 2:  # abort before any share is asked for (Fig. 4: the server needs enough inputs)
+            raise SecAggFailed(
+                f"{len(masked)} masked input(s) arrived; the sum of fewer than two inputs would reveal them"
+            )
         # 3. Unmasking
         b_shares: dict[int, dict[int, bytes]] = {u: {} for u in masked}
         s_shares: dict[int, dict[int, bytes]] = {}
@@ -191,10 +195,6 @@ class SecureSum:
             for kind, store in (("b", b_shares), ("s", s_shares)):
                 for u, row in zip(back.arrays[f"{kind}_from"].tolist(), back.arrays[kind], strict=True):
                     store.setdefault(u, {})[int.from_bytes(row[:ID].tobytes(), "little")] = row[ID:].tobytes()
-        if len(masked) < 2:
-            raise SecAggFailed(
-                f"{len(masked)} masked input(s) arrived; the sum of fewer than two inputs would reveal them"
-            )
         total = np.zeros(dim, np.uint32)
         for u in sorted(masked):
             total += masked[u]
