@@ -28,7 +28,7 @@ import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, NamedTuple, Union
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, Union
 
 import numpy as np
 import torch
@@ -43,6 +43,10 @@ from taciturn.tasks.base import ClientData
 
 Loss = Callable[[Params, Any], torch.Tensor]
 Consts = dict[str, Any]  # a pytree of tensors
+# What a link's float arrays are, for compression ([compression], compression/config.py):
+# "changes" (deltas, increments: every compressor applies), "values" (a model or other quantities
+# themselves: only compressors whose error is bounded per value), "exact" (must arrive bit for bit).
+Carries = Literal["changes", "values", "exact"]
 
 
 MAX_LR = 1e6  # larger learning rates or decays are typos (1e308 passes as finite, then overflows)
@@ -204,6 +208,11 @@ class Algorithm(ABC):
     # The uplink arrays that form a model delta, by name prefix ("": all of them), which the server
     # chain (server/aggregation.py: robust rules, clipping, DP) may combine; None: not a delta.
     delta_prefix: ClassVar[str | None] = None
+
+    @classmethod
+    def carries(cls, config: AlgorithmConfig) -> tuple[Carries, Carries]:
+        """What the uplink's and the downlink's float arrays are under ``config`` (see ``Carries``)."""
+        return "exact", "exact"
 
     def __init__(self, config: AlgorithmConfig):
         self.config = config

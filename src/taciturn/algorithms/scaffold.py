@@ -48,6 +48,7 @@ from taciturn.algorithms.base import (
     AlgorithmConfig,
     ArraySpec,
     Arrival,
+    Carries,
     ClientContext,
     ClientOutput,
     Consts,
@@ -104,6 +105,10 @@ class Scaffold(Algorithm):
     Config = ScaffoldConfig
     config: ScaffoldConfig
     delta_prefix = "dy/"  # the server chain combines the model deltas; dc keeps its weighted sum
+
+    @classmethod
+    def carries(cls, config: AlgorithmConfig) -> tuple[Carries, Carries]:
+        return "changes", "values"  # (dy, dc) up, (x, c) down
 
     def init_server(self, params: Params, num_clients: int) -> ScaffoldState:
         return ScaffoldState(clone(params), zeros_like(params))

@@ -6,6 +6,9 @@ validated before the algorithm sees it, and the executor decides where the clien
 still sum to Inf) is discarded: the round is skipped (run as if no uplink had arrived), the model
 kept, and the reason logged and reported. Then the executor commits the staged state of the
 clients whose uplink the server accepted and applied, and only theirs (none in a skipped round).
+With a compressed downlink (compression/link.py) the server encodes what the algorithm sends; with
+a per-client reference it advances its copy of a client's reference exactly when the client's own
+copy advances: the message arrived and the client's new state took effect.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from taciturn.algorithms.base import Algorithm, Arrival
+from taciturn.compression.link import Downlink
 from taciturn.core.rng import SERVER, Streams
 from taciturn.engine.executor import Executor
 from taciturn.engine.validation import state_problem
@@ -51,6 +55,7 @@ class Federation:
         data: ClientData,
         aggregation: ServerAggregation | None = None,
         poisson_rate: float | None = None,
+        downlink: Downlink | None = None,
     ):
         self.algorithm = algorithm
         self.executor = executor
@@ -60,6 +65,7 @@ class Federation:
         # Poisson sampling (DP accounting): each client joins a round with this probability,
         # instead of the algorithm's fixed-size draw.
         self.poisson_rate = poisson_rate
+        self.downlink = downlink  # the server's side of downlink compression, if any
 
     def run_round(self, state: Any, round: int) -> tuple[Any, RoundReport]:
         algorithm = self.algorithm
@@ -70,6 +76,8 @@ class Federation:
             chosen = np.flatnonzero(rng.random(self.data.num_clients) < self.poisson_rate)
         selected = [int(c) for c in chosen]
         downlink = algorithm.downlink(state, round, selected)
+        if self.downlink is not None:
+            downlink = self.downlink.send(round, downlink)
         spec = algorithm.uplink_spec(state)
         part = self.executor.serve(round, selected, downlink, spec)
         report = RoundReport(
@@ -95,4 +103,7 @@ class Federation:
         elif self.aggregation is not None:
             self.aggregation.state = chain_state
         self.executor.commit(round, applied)
+        if self.downlink is not None:
+            took_effect = set(part.settled) | set(applied)
+            self.downlink.settle(c for c in part.heard if c in took_effect)
         return new_state, report

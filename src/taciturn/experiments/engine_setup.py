@@ -13,6 +13,7 @@ import torch
 
 from taciturn.algorithms.base import Algorithm
 from taciturn.attacks.poisoning import ModelPoisoning, pick_attackers
+from taciturn.compression.link import Downlink, Uplink
 from taciturn.core import device
 from taciturn.core.channel import Channel
 from taciturn.core.disk_store import DiskStateStore
@@ -76,6 +77,10 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
         return choice.Choice(
             "sequential", 0, "secure aggregation runs among a round's clients in one process"
         )
+    if engine.executor == "auto" and config.compression.down_feedback == "reference":
+        return choice.Choice(
+            "sequential", 0, "[compression] down_feedback = 'reference' keeps each client's copy in memory"
+        )
     if engine.executor == "auto" and config.attack.colluding:
         return choice.Choice("sequential", 0, "the simulated attackers read every honest update")
     if engine.executor == "ray":
@@ -108,14 +113,20 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
     return picked.tried(config.rounds)
 
 
-def build_store(
-    config: RunConfig, algorithm: Algorithm, picked: choice.Choice, out: Path, num_clients: int
-) -> ClientStateStore:
+def store_kind(config: RunConfig, algorithm: Algorithm, picked: choice.Choice, num_clients: int) -> str:
+    """ "disk" or "memory": where the client states will live."""
     wanted = config.engine.store
     if wanted == "auto":
         stateful = algorithm.keeps_client_state
         parallel = picked.executor.startswith("parallel") or picked.challenger is not None
         wanted = "disk" if stateful and (parallel or num_clients >= DISK_STORE_CLIENTS) else "memory"
+    return wanted
+
+
+def build_store(
+    config: RunConfig, algorithm: Algorithm, picked: choice.Choice, out: Path, num_clients: int
+) -> ClientStateStore:
+    wanted = store_kind(config, algorithm, picked, num_clients)
     path = Path(out) / "client_state.bin" if wanted == "disk" else None
     if picked.executor == "ray" and algorithm.keeps_client_state:
         from taciturn.engine.ray_state import RayStateStore
@@ -140,7 +151,15 @@ def build_federation(
     ``ray_workers``: the actors ``start_ray`` started, for engine.executor = "ray"."""
     if config.engine.threads:
         torch.set_num_threads(config.engine.threads)
+    uplink, downlink = links(config, algorithm, streams, deployed=remote is not None)
     picked = None if remote is not None else choose_executor(config, algorithm, task, data)
+    on_disk = picked is not None and store_kind(config, algorithm, picked, data.num_clients) == "disk"
+    if downlink is not None and downlink.stateful and on_disk:
+        raise ConfigError(
+            "[compression] down_feedback = 'reference' keeps a copy per client that appears with its first "
+            "downlink, and the disk store fixes each client's layout at its first write: set "
+            "engine.store = 'memory' with the sequential or vectorized executor"
+        )
     chain, local_dp = server_chain(config, data, noise_multiplier), None
     privacy = config.privacy
     if privacy.enabled and privacy.mode == "local":
@@ -170,6 +189,8 @@ def build_federation(
         poisoning=poisoning,
         local_dp=local_dp,
         secure_sum=secure_sum(config, data, streams, simulated=remote is None),
+        uplink=uplink,
+        downlink=downlink,
     )
     if picked is None:
         executor = remote(pipeline)
@@ -184,7 +205,26 @@ def build_federation(
         note = f"executor: {named}{workers} ({picked.reason}); client state: {type(store).__name__}"
     aggregation = None if chain is None else ServerAggregation(chain, algorithm, streams)
     poisson = config.algorithm.fraction if privacy.enabled and privacy.sampling == "poisson" else None
-    return Federation(algorithm, executor, streams, data, aggregation, poisson), store, note
+    return Federation(algorithm, executor, streams, data, aggregation, poisson, downlink), store, note
+
+
+def links(
+    config: RunConfig, algorithm: Algorithm, streams: Streams, deployed: bool
+) -> tuple[Uplink | None, Downlink | None]:
+    """Each link's compression ([compression]); a link that keeps client state (error memory, a
+    reference) makes the clients stateful, so the executors store it (a disk store for workers)."""
+    compression = config.compression
+    if deployed and (compression.enabled or getattr(config.algorithm, "start", None) == "common"):
+        raise ConfigError(
+            "[compression] and algorithm.start = 'common' run in simulation only: a deployed node does "
+            "not compress or build the initial model yet"
+        )
+    up, down = compression.transform("up"), compression.transform("down")
+    uplink = None if up is None else Uplink(up, streams)
+    downlink = None if down is None else Downlink(down, streams)
+    if any(link is not None and link.stateful for link in (uplink, downlink)):
+        algorithm.keeps_client_state = True
+    return uplink, downlink
 
 
 def secure_sum(
