@@ -329,8 +329,7 @@ class EventADMM(Algorithm):
         alpha = self.config.relaxation
         x_hat = x if alpha == 1.0 else add({k: alpha * v for k, v in x.items()}, z_hat, 1.0 - alpha)
         v = add(x_hat, u)
-        # last_i starts as the z the agent first received, which is what the server's copy holds.
-        last = strip_prefix("last", ctx.state or {}) or z_hat
+        last = strip_prefix("last", ctx.state or {}) or self.first_last(z_hat)
         z_step = self.z_step(ctx, z_hat)
         distance = norm(sub(v, last))
         units = self.trigger_units(ctx, last, z_step)
@@ -352,6 +351,16 @@ class EventADMM(Algorithm):
             state,
             {"trigger_norm": distance, **{f"trigger_unit/{k}": unit for k, unit in units.items()}},
         )
+
+    def first_last(self, z_hat: Params) -> Params:
+        """last_i before agent i first speaks: the server's copy s_i = z^0. Full vectors: the z the agent
+        first received, which is z^0 unless a broadcast was lost (the first full v_i replaces s_i anyway).
+        Changes add up on s_i, so they must start from z^0 itself."""
+        if self.config.uplink == "full":
+            return z_hat
+        if self.initial is None:
+            raise RuntimeError("uplink = 'change' needs the initial model: init_server runs first")
+        return self.initial
 
     def trigger_units(self, ctx: ClientContext, last: Params, z_step: float) -> dict[str, float]:
         """What Delta_k multiplies under each uplink rule; agent i sends when ||v_i - last_i|| reaches

@@ -13,11 +13,15 @@
   nothing. The sender's state is client state: it takes effect under the acceptance rule
   (engine/pipeline.py), so a lost or rejected message does not consume the memory.
 * ``Reference(inner)``: the sender sends the compressed change from a reference both sides hold,
-  C(x - r), and both set r <- r + D(C(x - r)); the receiver's copy is r. This is EF21-P
-  (Gruntkowska, Tyurin, Richtarik, "EF21-P and Friends", ICML 2023, Alg. 1: w <- w + C(x - w)),
-  kept per client so that partial participation works: the server keeps one r per client, the
-  client its own. Where no reference is held yet (a client's first message), the message goes
-  uncompressed and becomes the reference.
+  C(x - r), and both set r <- r + D(C(x - r)); the receiver's copy is r. On the uplink this is EF21
+  (Richtarik, Sokolov, Fatkhullin, "EF21: A New, Simpler, Theoretically Better, and Practically
+  Faster Error Feedback", NeurIPS 2021, Alg. 1: g_i <- g_i + C(grad_i - g_i), from g_i = 0), with the
+  server's copies kept per client as in its partial-participation variant (Fatkhullin et al., "EF21
+  with Bells & Whistles", 2021, EF21-PP). On the downlink it is EF21-P (Gruntkowska, Tyurin,
+  Richtarik, "EF21-P and Friends", ICML 2023, Alg. 1: w <- w + C(x - w)), again one reference per
+  client; there a client's first message goes uncompressed (a model is far from 0) and becomes
+  the reference. Unlike the memory, the messages shrink to nothing as x settles, even when the
+  clients' x differ (heterogeneous data): EF21 reaches the optimum where the memory circles it.
 
 Every random draw (QSGD's rounding, random-k's coordinates, stochastic rounding) comes from a
 stream of the run's seeded streams named by (round, owner, link, array, purpose), so a receiver
@@ -228,32 +232,41 @@ class ErrorFeedback(LinkTransform):
 
 
 class Reference(LinkTransform):
+    """Compressed changes from a reference both sides hold (``first``: what a side holds before its
+    first message: "zero", EF21's h_i^0 = 0, or "raw": the first message goes uncompressed)."""
+
     stateful = True
 
-    def __init__(self, inner: Compress):
-        self.inner = inner
+    def __init__(self, inner: Compress, first: str):
+        self.inner, self.first = inner, first
+
+    def _held(self, floats: Mapping[str, np.ndarray], state: State) -> State | None:
+        """The reference for these arrays; None: none yet and the first message goes raw."""
+        if set(state) == set(floats):
+            return state
+        if self.first == "raw":
+            return None
+        return {n: np.zeros(a.size, a.dtype) for n, a in floats.items()}
 
     def encode(self, message, state, draws):
         floats = {n: a for n, a in message.arrays.items() if a.dtype.kind == "f"}
-        if set(state) != set(floats):  # nothing (or something else) held: the message itself,
-            # uncompressed, becomes the reference
+        held = self._held(floats, state)
+        if held is None:  # the message itself, uncompressed, becomes the reference
             return message, {n: a.reshape(-1).copy() for n, a in floats.items()}
-        change = {n: a - state[n].reshape(a.shape) if n in floats else a for n, a in message.arrays.items()}
+        change = {n: a - held[n].reshape(a.shape) if n in floats else a for n, a in message.arrays.items()}
         sent, _ = self.inner.encode(Message(change, message.meta), {}, draws)
-        arrived, _ = self.inner.rebuild(sent, draws, None)
-        return sent, {n: state[n] + arrived[n].reshape(-1) for n in floats}
+        arrived, _ = self.inner.rebuild(sent, draws, None)  # what the receiver will rebuild
+        return sent, {n: held[n] + arrived[n].reshape(-1) for n in floats}
 
     def decode(self, message, state, draws, expected):
-        if not any(SEP in n for n in message.arrays):  # uncompressed: it becomes the reference
+        if self.first == "raw" and not any(SEP in n for n in message.arrays):  # a first, raw message
             floats = {n: a for n, a in message.arrays.items() if a.dtype.kind == "f"}
             return message, {n: a.reshape(-1).copy() for n, a in floats.items()}
         arrays, meta = self.inner.rebuild(message, draws, expected)
-        new = {}
-        for name, array in arrays.items():
-            if array.dtype.kind != "f":
-                continue
-            if name not in state or state[name].size != array.size:
-                raise CompressionError(f"array {name!r} does not match the reference held")
-            new[name] = state[name] + array.reshape(-1)
-            arrays[name] = new[name].reshape(array.shape)
+        floats = {n: a for n, a in arrays.items() if a.dtype.kind == "f"}
+        held = self._held(floats, state)
+        if held is None or any(held[n].size != a.size for n, a in floats.items()):
+            raise CompressionError(f"arrays {sorted(floats)} do not match the reference held")
+        new = {n: held[n] + a.reshape(-1) for n, a in floats.items()}
+        arrays |= {n: new[n].reshape(a.shape) for n, a in floats.items()}
         return Message(arrays, meta), new

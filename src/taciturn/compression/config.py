@@ -4,7 +4,7 @@
     up = [{ kind = "topk", fraction = 0.01 }, "fp16"]   # a chain: a sparsifier, then a quantiser
     up_feedback = "memory"                                # Stich et al. 2018's error memory
     down = ["int8"]                                       # the broadcast in 8 bits per value
-    down_feedback = "none"                                # or "reference": compressed changes (EF21-P)
+    down_feedback = "none"                                # or "ef21p": compressed changes
 
 A chain item is a compressor's name or a table with its options (compression/compressors.py).
 Which combinations hold with the algorithm, SecAgg, DP and the robust rules is checked on the
@@ -80,13 +80,16 @@ def _chain_problem(direction: str, chain: tuple[Any, ...]) -> str | None:
 class CompressionConfig(StrictModel):
     up: tuple[Piece, ...] = Field((), description="uplink chain: each client update, as it is sent")
     down: tuple[Piece, ...] = Field((), description="downlink chain: what the server sends")
-    up_feedback: Literal["none", "memory"] = Field(
-        "none", description="memory: each client keeps what compression dropped and adds it next time"
-    )
-    down_feedback: Literal["none", "reference"] = Field(
+    up_feedback: Literal["none", "memory", "ef21"] = Field(
         "none",
-        description="reference: the server sends each client the compressed change from the copy that "
-        "client holds (EF21-P, one copy per client on both sides)",
+        description="memory: each client keeps what compression dropped and adds it next time (Stich et "
+        "al. 2018); ef21: each client sends the compressed change from a reference the server also "
+        "keeps (Richtarik et al. 2021)",
+    )
+    down_feedback: Literal["none", "ef21p"] = Field(
+        "none",
+        description="ef21p: the server sends each client the compressed change from the copy that client "
+        "holds (Gruntkowska et al. 2023, one copy per client on both sides)",
     )
 
     @model_validator(mode="before")
@@ -118,11 +121,6 @@ class CompressionConfig(StrictModel):
     def for_values(chain: tuple[Any, ...]) -> bool:
         return all(p.kind in FOR_VALUES for p in chain)
 
-    @staticmethod
-    def biased_or_sparse(chain: tuple[Any, ...]) -> bool:
-        """Compressors whose error is of the order of the whole array (not of each value)."""
-        return not CompressionConfig.for_values(chain)
-
     def transform(self, direction: str) -> LinkTransform | None:
         chain = getattr(self, direction)
         if not chain:
@@ -131,6 +129,8 @@ class CompressionConfig(StrictModel):
         feedback = self.up_feedback if direction == "up" else self.down_feedback
         if feedback == "memory":
             return ErrorFeedback(compress)
-        if feedback == "reference":
-            return Reference(compress)
+        if feedback == "ef21":
+            return Reference(compress, first="zero")
+        if feedback == "ef21p":
+            return Reference(compress, first="raw")
         return compress

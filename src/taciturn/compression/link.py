@@ -3,9 +3,10 @@
 * ``Uplink``: a client encodes its update after everything else the client side does to it (local
   DP's clip and noise come first, so compression is post-processing of the private release), the
   channel carries the compressed message (the ledger counts it), and the server rebuilds it and
-  checks it against the uplink spec before anything else looks at it. Error-feedback memory is
-  client state, kept under the names ``~up/<array>`` beside the algorithm's own state, staged with
-  it and stored only when the server accepts the update (engine/pipeline.py).
+  checks it against the uplink spec before anything else looks at it. Error-feedback memory (or
+  EF21's reference) is client state, kept under the names ``~up/<array>`` beside the algorithm's
+  own state, staged with it and stored only when the server accepts the update (engine/pipeline.py);
+  EF21's server copy advances then too (``settle`` with the accepted clients).
 * ``Downlink``: the server encodes what it sends, once per distinct message (a broadcast stays one
   encoding), or, with a reference, once per client: the compressed change from the copy the server
   knows that client holds. The client rebuilds it; its copy is client state ``~down/<array>``. The
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from taciturn.algorithms.base import ArraySpec
-from taciturn.compression.chain import CompressionError, Expected, LinkTransform, State
+from taciturn.compression.chain import CompressionError, Expected, LinkTransform, Reference, State
 from taciturn.core.message import Message
 from taciturn.core.rng import SERVER, Streams
 from taciturn.core.state_store import ClientState
@@ -48,13 +49,30 @@ def _to_state(state: State, head: str) -> ClientState:
     return {head + k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}
 
 
+@dataclass
+class ReferenceCopies:
+    """The server's copy of each client's reference on one link, as a checkpoint keeps it."""
+
+    tensors: dict[str, torch.Tensor]  # "<client>/<array>" -> flat values
+
+
 class _Link:
+    """One link's compression; with a reference, also the server's copy of each client's reference,
+    staged while a round runs and advanced by ``settle``."""
+
     def __init__(self, transform: LinkTransform, streams: Streams, direction: str):
         self.transform, self.streams, self.direction = transform, streams, direction
+        self.copies: dict[int, State] = {}  # the server's copy of each client's reference
+        self._staged: dict[int, State] = {}
 
     @property
     def stateful(self) -> bool:
+        """Whether the client keeps state for this link (memory or a reference)."""
         return self.transform.stateful
+
+    @property
+    def server_keeps_copies(self) -> bool:
+        return isinstance(self.transform, Reference)
 
     def draws(self, round: int, owner: int):
         def of(name: str):
@@ -64,52 +82,70 @@ class _Link:
 
         return of
 
+    def settle(self, clients: Iterable[int]) -> None:
+        """The server's copies of ``clients`` advance with this round's message; the rest stay."""
+        for client in clients:
+            if client in self._staged:
+                self.copies[client] = self._staged[client]
+        self._staged = {}
+
+    def checkpoint_extras(self) -> dict[str, ReferenceCopies]:
+        if not self.server_keeps_copies:
+            return {}
+        flat = {f"{c}/{n}": torch.from_numpy(a) for c, held in self.copies.items() for n, a in held.items()}
+        return {f"{self.direction}link_copies": ReferenceCopies(flat)}
+
+    def restore(self, saved: ReferenceCopies | None) -> None:
+        self.copies = {}
+        for key, tensor in (saved.tensors if saved is not None else {}).items():
+            client, name = key.split("/", 1)
+            self.copies.setdefault(int(client), {})[name] = tensor.cpu().numpy().copy()
+
 
 class Uplink(_Link):
     def __init__(self, transform: LinkTransform, streams: Streams):
         super().__init__(transform, streams, "up")
 
+    # ----- client -----
     def send(
         self, round: int, client: int, message: Message, links: ClientState
     ) -> tuple[Message, ClientState]:
-        """The compressed uplink and the client's links state after it (memory updated)."""
-        sent, memory = self.transform.encode(message, _from_state(links, UP), self.draws(round, client))
+        """The compressed uplink and the client's links state after it (memory or reference updated)."""
+        sent, held = self.transform.encode(message, _from_state(links, UP), self.draws(round, client))
         if not self.stateful:
             return sent, links
-        return sent, {k: v for k, v in links.items() if not k.startswith(UP)} | _to_state(memory, UP)
-
-    def receive(self, round: int, client: int, message: Message, spec: Mapping[str, ArraySpec]) -> Message:
-        """The update as the client meant it, or a CompressionError saying why it cannot be."""
-        expected: Expected = {name: (s.shape, s.dtype) for name, s in spec.items()}
-        rebuilt, _ = self.transform.decode(message, {}, self.draws(round, client), expected)
-        return rebuilt
+        return sent, {k: v for k, v in links.items() if not k.startswith(UP)} | _to_state(held, UP)
 
     def memory_template(self, spec: Mapping[str, ArraySpec]) -> ClientState:
-        """Zero memory for every float array of the uplink (a fixed layout for the disk store)."""
+        """Zero state for every float array of the uplink (one layout for the disk store)."""
         return {
             UP + name: torch.zeros(int(np.prod(s.shape)), dtype=getattr(torch, s.dtype.name))
             for name, s in spec.items()
             if s.dtype.kind == "f" and None not in s.shape
         }
 
-
-@dataclass
-class ReferenceCopies:
-    """The server's copy of what each client holds of the downlink, as a checkpoint keeps it."""
-
-    tensors: dict[str, torch.Tensor]  # "<client>/<array>" -> flat values
+    # ----- server -----
+    def receive(self, round: int, client: int, message: Message, spec: Mapping[str, ArraySpec]) -> Message:
+        """The update as the client meant it, or a CompressionError saying why it cannot be. With a
+        reference (EF21) the server's new copy is staged until the update is accepted (``settle``)."""
+        expected: Expected = {name: (s.shape, s.dtype) for name, s in spec.items()}
+        held = self.copies.get(client, {})
+        rebuilt, new = self.transform.decode(message, held, self.draws(round, client), expected)
+        if self.server_keeps_copies:
+            self._staged[client] = new
+        return rebuilt
 
 
 class Downlink(_Link):
     def __init__(self, transform: LinkTransform, streams: Streams):
         super().__init__(transform, streams, "down")
-        self.copies: dict[int, State] = {}  # reference mode: what each client holds
-        self._staged: dict[int, State] = {}
 
     # ----- server -----
     def send(self, round: int, downlink: Mapping[int, Message | None]) -> dict[int, Message | None]:
-        if self.stateful:
-            self._staged = {}
+        """Each message compressed: per client from its reference (EF21-P), else once per distinct
+        message (a broadcast stays one object, encoded once)."""
+        self._staged = {}
+        if self.server_keeps_copies:
             out: dict[int, Message | None] = {}
             for client, message in downlink.items():
                 if message is None:
@@ -120,37 +156,18 @@ class Downlink(_Link):
                     message, held, self.draws(round, client)
                 )
             return out
-        encoded: dict[int, Message] = {}  # id of a message -> its encoding: a broadcast stays one object
+        encoded: dict[int, Message] = {}  # id of a message -> its encoding
         for message in downlink.values():
             if message is not None and id(message) not in encoded:
                 encoded[id(message)], _ = self.transform.encode(message, {}, self.draws(round, SERVER))
         return {c: None if m is None else encoded[id(m)] for c, m in downlink.items()}
-
-    def settle(self, clients: Iterable[int]) -> None:
-        """The clients that received this round's message and whose new state took effect."""
-        for client in clients:
-            if client in self._staged:
-                self.copies[client] = self._staged[client]
-        self._staged = {}
-
-    def checkpoint_extras(self) -> dict[str, ReferenceCopies]:
-        if not self.stateful:
-            return {}
-        flat = {f"{c}/{n}": torch.from_numpy(a) for c, held in self.copies.items() for n, a in held.items()}
-        return {"downlink_copies": ReferenceCopies(flat)}
-
-    def restore(self, saved: ReferenceCopies | None) -> None:
-        self.copies = {}
-        for key, tensor in (saved.tensors if saved is not None else {}).items():
-            client, name = key.split("/", 1)
-            self.copies.setdefault(int(client), {})[name] = tensor.cpu().numpy().copy()
 
     # ----- client -----
     def receive(
         self, round: int, client: int, message: Message, links: ClientState
     ) -> tuple[Message, ClientState]:
         """What the server sent, rebuilt, and the client's links state after it."""
-        owner = client if self.stateful else SERVER
+        owner = client if self.server_keeps_copies else SERVER
         try:
             rebuilt, held = self.transform.decode(
                 message, _from_state(links, DOWN), self.draws(round, owner), None

@@ -6,9 +6,10 @@ validated before the algorithm sees it, and the executor decides where the clien
 still sum to Inf) is discarded: the round is skipped (run as if no uplink had arrived), the model
 kept, and the reason logged and reported. Then the executor commits the staged state of the
 clients whose uplink the server accepted and applied, and only theirs (none in a skipped round).
-With a compressed downlink (compression/link.py) the server encodes what the algorithm sends; with
-a per-client reference it advances its copy of a client's reference exactly when the client's own
-copy advances: the message arrived and the client's new state took effect.
+With a compressed downlink (compression/link.py) the server encodes what the algorithm sends. With a
+per-client reference (EF21 up, EF21-P down) it advances its copy of a client's reference exactly
+when the client's own copy advances: up, when it applied the update; down, when the message
+arrived and the client's new state took effect.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from taciturn.algorithms.base import Algorithm, Arrival
-from taciturn.compression.link import Downlink
+from taciturn.compression.link import Downlink, Uplink
 from taciturn.core.rng import SERVER, Streams
 from taciturn.engine.executor import Executor
 from taciturn.engine.validation import state_problem
@@ -55,6 +56,7 @@ class Federation:
         data: ClientData,
         aggregation: ServerAggregation | None = None,
         poisson_rate: float | None = None,
+        uplink: Uplink | None = None,
         downlink: Downlink | None = None,
     ):
         self.algorithm = algorithm
@@ -65,7 +67,8 @@ class Federation:
         # Poisson sampling (DP accounting): each client joins a round with this probability,
         # instead of the algorithm's fixed-size draw.
         self.poisson_rate = poisson_rate
-        self.downlink = downlink  # the server's side of downlink compression, if any
+        # the server's side of each link's compression, if any (the pipeline holds the same objects)
+        self.uplink, self.downlink = uplink, downlink
 
     def run_round(self, state: Any, round: int) -> tuple[Any, RoundReport]:
         algorithm = self.algorithm
@@ -103,6 +106,8 @@ class Federation:
         elif self.aggregation is not None:
             self.aggregation.state = chain_state
         self.executor.commit(round, applied)
+        if self.uplink is not None:  # EF21: the server's copy advances with an accepted update
+            self.uplink.settle(applied)
         if self.downlink is not None:
             took_effect = set(part.settled) | set(applied)
             self.downlink.settle(c for c in part.heard if c in took_effect)

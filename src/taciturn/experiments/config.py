@@ -545,15 +545,15 @@ class RunConfig(StrictModel):
                 f"compression.up = {kinds['up']}: {name}'s uplink carries values, not changes, and "
                 f"sparsifying or QSGD-quantising a value loses most of it; use fp16, bf16, int8 or int4{hint}"
             )
-        if comp.up_feedback == "memory" and up != "changes":
+        if comp.up_feedback != "none" and up != "changes":
             raise ValueError(
-                f"compression.up_feedback = 'memory' carries over what compression dropped from a change; "
-                f"{name}'s uplink carries values{hint}"
+                f"compression.up_feedback = '{comp.up_feedback}' feeds back what compression dropped from a "
+                f"change; {name}'s uplink carries values{hint}"
             )
-        if comp.down and not comp.for_values(comp.down) and comp.down_feedback != "reference":
+        if comp.down and not comp.for_values(comp.down) and comp.down_feedback != "ef21p":
             raise ValueError(
                 f"compression.down = {kinds['down']}: the downlink carries the model itself; sparsifiers and "
-                "QSGD need compression.down_feedback = 'reference' (each client gets the compressed change "
+                "QSGD need compression.down_feedback = 'ef21p' (each client gets the compressed change "
                 "from the copy it holds)"
             )
         if comp.up and self.secagg.enabled:

@@ -77,9 +77,9 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
         return choice.Choice(
             "sequential", 0, "secure aggregation runs among a round's clients in one process"
         )
-    if engine.executor == "auto" and config.compression.down_feedback == "reference":
+    if engine.executor == "auto" and in_process_links(config):
         return choice.Choice(
-            "sequential", 0, "[compression] down_feedback = 'reference' keeps each client's copy in memory"
+            "sequential", 0, f"[compression] {in_process_links(config)} keeps copies in memory"
         )
     if engine.executor == "auto" and config.attack.colluding:
         return choice.Choice("sequential", 0, "the simulated attackers read every honest update")
@@ -153,13 +153,14 @@ def build_federation(
         torch.set_num_threads(config.engine.threads)
     uplink, downlink = links(config, algorithm, streams, deployed=remote is not None)
     picked = None if remote is not None else choose_executor(config, algorithm, task, data)
-    on_disk = picked is not None and store_kind(config, algorithm, picked, data.num_clients) == "disk"
-    if downlink is not None and downlink.stateful and on_disk:
-        raise ConfigError(
-            "[compression] down_feedback = 'reference' keeps a copy per client that appears with its first "
-            "downlink, and the disk store fixes each client's layout at its first write: set "
-            "engine.store = 'memory' with the sequential or vectorized executor"
-        )
+    if picked is not None and (feedback := in_process_links(config)):
+        on_disk = store_kind(config, algorithm, picked, data.num_clients) == "disk"
+        if on_disk or picked.executor not in ("sequential", "vectorized") or picked.challenger:
+            raise ConfigError(
+                f"[compression] {feedback} keeps a copy of each client's reference on the server, in this "
+                "process, and the client's in a store whose layout may grow with its first message: use "
+                "engine.executor = 'sequential' or 'vectorized' with engine.store = 'memory' (or 'auto')"
+            )
     chain, local_dp = server_chain(config, data, noise_multiplier), None
     privacy = config.privacy
     if privacy.enabled and privacy.mode == "local":
@@ -205,19 +206,34 @@ def build_federation(
         note = f"executor: {named}{workers} ({picked.reason}); client state: {type(store).__name__}"
     aggregation = None if chain is None else ServerAggregation(chain, algorithm, streams)
     poisson = config.algorithm.fraction if privacy.enabled and privacy.sampling == "poisson" else None
-    return Federation(algorithm, executor, streams, data, aggregation, poisson, downlink), store, note
+    federation = Federation(algorithm, executor, streams, data, aggregation, poisson, uplink, downlink)
+    return federation, store, note
+
+
+def in_process_links(config: RunConfig) -> str:
+    """The feedback settings whose per-client copies need an in-process executor ('' if none)."""
+    compression = config.compression
+    wanted = [f"up_feedback = '{compression.up_feedback}'"] if compression.up_feedback == "ef21" else []
+    wanted += (
+        [f"down_feedback = '{compression.down_feedback}'"] if compression.down_feedback == "ef21p" else []
+    )
+    return " and ".join(wanted)
 
 
 def links(
     config: RunConfig, algorithm: Algorithm, streams: Streams, deployed: bool
 ) -> tuple[Uplink | None, Downlink | None]:
     """Each link's compression ([compression]); a link that keeps client state (error memory, a
-    reference) makes the clients stateful, so the executors store it (a disk store for workers)."""
+    reference) makes the clients stateful, so the executors store it."""
     compression = config.compression
-    if deployed and (compression.enabled or getattr(config.algorithm, "start", None) == "common"):
+    initial = (
+        getattr(config.algorithm, "start", None) == "common"
+        or getattr(config.algorithm, "uplink", None) == "change"
+    )
+    if deployed and (compression.enabled or initial):
         raise ConfigError(
-            "[compression] and algorithm.start = 'common' run in simulation only: a deployed node does "
-            "not compress or build the initial model yet"
+            "[compression], algorithm.start = 'common' and algorithm.uplink = 'change' run in simulation "
+            "only: a deployed node does not compress or build the initial model yet"
         )
     up, down = compression.transform("up"), compression.transform("down")
     uplink = None if up is None else Uplink(up, streams)

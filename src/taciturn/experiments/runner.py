@@ -434,9 +434,11 @@ def resume(
         if exp.federation.aggregation is not None:
             chain = checkpoint.load_extra(folder, "server_chain", ChainState({}))
             exp.federation.aggregation.restore(chain)
-        if exp.federation.downlink is not None:
-            copies = checkpoint.load_extra(folder, "downlink_copies", ReferenceCopies({}))
-            exp.federation.downlink.restore(copies)
+        for link in (exp.federation.uplink, exp.federation.downlink):
+            if link is not None:
+                link.restore(
+                    checkpoint.load_extra(folder, f"{link.direction}link_copies", ReferenceCopies({}))
+                )
         executor = exp.federation.executor
         executor.checkpointed(
             {
@@ -559,8 +561,9 @@ def _loop(
                     extras = {} if exp.analysis is None else exp.analysis.checkpoint_extras()
                     if exp.federation.aggregation is not None:
                         extras |= exp.federation.aggregation.checkpoint_extras()
-                    if exp.federation.downlink is not None:
-                        extras |= exp.federation.downlink.checkpoint_extras()
+                    for link in (exp.federation.uplink, exp.federation.downlink):
+                        if link is not None:
+                            extras |= link.checkpoint_extras()
                     executor = exp.federation.executor.checkpoint_extras()
                     checkpoint.save(
                         rundir.checkpoint_dir(round), state, exp.store, counters, extras | executor, rundir
