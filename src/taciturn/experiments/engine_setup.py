@@ -77,9 +77,10 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
         return choice.Choice(
             "sequential", 0, "secure aggregation runs among a round's clients in one process"
         )
-    if engine.executor == "auto" and in_process_links(config):
+    if engine.executor == "auto" and (feedback := in_process_links(config)):
+        in_process = "vectorized" if weighted else "sequential"
         return choice.Choice(
-            "sequential", 0, f"[compression] {in_process_links(config)} keeps copies in memory"
+            in_process, 0, f"[compression] {feedback} keeps each client's copy in this process"
         )
     if engine.executor == "auto" and config.attack.colluding:
         return choice.Choice("sequential", 0, "the simulated attackers read every honest update")
