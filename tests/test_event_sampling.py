@@ -194,11 +194,12 @@ def test_the_server_adds_a_change_to_its_copy():
     assert after.z["w"].tolist() == [1.25, 0.5]
 
 
-def test_sampling_with_the_papers_broadcast_is_refused():
+def test_sampling_takes_the_per_agent_downlink_and_refuses_the_papers_broadcast():
     with pytest.raises(ValidationError, match="downlink = 'per_client'"):
-        EventADMMConfig(fraction=0.5, delta=1.0)
-    EventADMMConfig(fraction=0.5, delta=1.0, downlink="per_client")
-    EventADMMConfig(fraction=0.5, delta=1.0, delta_z=0.0)  # every sampled agent hears z: FedADMM's rule
+        EventADMMConfig(fraction=0.5, delta=1.0, downlink="broadcast")
+    assert EventADMMConfig(fraction=0.5, delta=1.0).downlink == "per_client"  # auto
+    assert EventADMMConfig(delta=1.0).downlink == "broadcast"  # auto, everyone computes: the paper
+    EventADMMConfig(fraction=0.5, delta=1.0, delta_z=0.0, downlink="broadcast")  # all sampled hear z
 
 
 def test_sampled_triggered_agents_reach_the_consensus_optimum_with_a_decreasing_delta():

@@ -44,7 +44,8 @@ benchmark of record, benchmarks/event_admm.py, runs):
   * sampling and triggering together (``fraction`` < 1): each round the server samples C N agents
     (McMahan et al.'s uniform draw); only they compute, and the uplink trigger decides which of them
     speak. With sampling, the paper's one broadcast would reach only the agents sampled in the round
-    after it fires, so ``downlink = "per_client"`` is required once Delta_z > 0;
+    after it fires, so sampling takes ``downlink = "per_client"`` (the default ``"auto"`` picks it
+    whenever ``fraction`` < 1; ``"broadcast"`` with sampling and Delta_z > 0 is refused);
   * ``downlink = "per_client"``: the server keeps z_sent_i, the z it last sent agent i, and sends z to
     a sampled agent only if ||z - z_sent_i|| >= Delta_z,k (and z changed), so an agent that was away
     gets the z it missed and one that holds a recent z is spared. With C = 1 and no lucky agents
@@ -125,10 +126,10 @@ class EventADMMConfig(AlgorithmConfig):
         description="broadcast: round 1 sends z^0 to every agent; common: agents start from the common "
         "initial model, nothing is sent",
     )
-    downlink: Literal["broadcast", "per_client"] = Field(
-        "broadcast",
+    downlink: Literal["auto", "broadcast", "per_client"] = Field(
+        "auto",
         description="broadcast: one trigger ||z - z_sent|| >= Delta_z (the paper); per_client: the server "
-        "tracks the z each agent was sent and triggers per agent",
+        "tracks the z each agent was sent and triggers per agent; auto: broadcast unless agents are sampled",
     )
     uplink: Literal["full", "change"] = Field(
         "full", description="full: send x_hat_i + u_i; change: send its change since last sent (compressible)"
@@ -142,6 +143,8 @@ class EventADMMConfig(AlgorithmConfig):
 
     @model_validator(mode="after")
     def _sampling_needs_per_client_downlink(self) -> EventADMMConfig:
+        if self.downlink == "auto":
+            object.__setattr__(self, "downlink", "per_client" if self.fraction < 1 else "broadcast")
         if self.fraction < 1 and self.downlink == "broadcast" and (self.delta_z or self.lucky_fraction):
             raise ValueError(
                 f"fraction = {self.fraction} samples agents, but the paper's broadcast (downlink = "

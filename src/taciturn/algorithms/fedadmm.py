@@ -44,6 +44,7 @@ class FedADMMConfig(AlgorithmConfig):
             per_agent_rho=False,
             delta=0.0,  # every sampled agent sends
             delta_z=0.0,  # every sampled agent receives z
+            downlink="broadcast",  # to every sampled agent, every round (Delta_z = 0)
             persistent_momentum=False,
             uplink=self.uplink,
         )
