@@ -324,9 +324,26 @@ class Stop(Exception):
     pass
 
 
-def test_a_resumed_compressed_run_ends_with_the_numbers_of_an_uninterrupted_one(tmp_path):
-    compression = {"up": ["topk"], "up_feedback": "ef21", "down": ["qsgd"], "down_feedback": "ef21p"}
-    config = tiny_config(rounds=5, compression=compression, channel={"drop_up": 0.2, "drop_down": 0.2})
+@pytest.mark.parametrize(
+    ("algorithm", "compression"),
+    [
+        (
+            {"name": "fedavg", "fraction": 0.5},
+            {"up": ["topk"], "up_feedback": "ef21", "down": ["qsgd"], "down_feedback": "ef21p"},
+        ),
+        (  # sampled agents, the per-agent downlink trigger, changes with memory
+            {"name": "event_admm", "fraction": 0.5, "delta": 0.05, "start": "common", "uplink": "change"},
+            {"up": ["randk"], "up_feedback": "memory", "down": ["int4"]},
+        ),
+    ],
+    ids=["fedavg", "event_admm"],
+)
+def test_a_resumed_compressed_run_ends_with_the_numbers_of_an_uninterrupted_one(
+    tmp_path, algorithm, compression
+):
+    config = tiny_config(
+        rounds=5, algorithm=algorithm, compression=compression, channel={"drop_up": 0.2, "drop_down": 0.2}
+    )
     whole = start(config, tmp_path / "whole", progress=False)
 
     def stop(end):
