@@ -116,6 +116,27 @@ def test_ef21_reaches_the_least_squares_optimum_where_top_k_alone_stalls():
     assert fed.executor.pipeline.channel.ledger.totals(Direction.UP).messages_sent == 500
 
 
+def test_scaffold_with_top_k_and_the_memory_reaches_the_optimum_and_ef21_would_not():
+    """SCAFFOLD's server sums dc into c: the memory keeps that sum exact up to what it holds (it
+    drains: each client's dy and dc vanish at SCAFFOLD's fixed point); EF21's per-message estimate
+    leaves c off for good, which is why the config refuses it."""
+    from taciturn.algorithms.scaffold import Scaffold, ScaffoldConfig
+
+    data = least_squares_data()
+    local = {"steps": 5, "batch_size": 1000, "lr": 0.05}  # local steps: FedAvg would drift, SCAFFOLD not
+
+    def error(compression):
+        scaffold = Scaffold(ScaffoldConfig(fraction=1.0, option="II", local=local))
+        fed = federation(scaffold, data, compression=compression)
+        state = run(fed, scaffold.init_server({"w": torch.zeros(3, dtype=torch.float64)}, 5), 150)
+        return float(torch.linalg.norm(state.params["w"] - optimum(data)))
+
+    assert error(None) < 1e-10
+    assert error({"up": TOPK}) > 0.1
+    assert error({"up": TOPK, "up_feedback": "memory"}) < 1e-10
+    assert error({"up": TOPK, "up_feedback": "ef21"}) > 0.1
+
+
 def test_ef21p_on_the_downlink_reaches_the_optimum_with_a_top_k_broadcast():
     error, fed = fedavg_error({"down": TOPK, "down_feedback": "ef21p"}, 100)
     assert error < 1e-10
@@ -252,6 +273,9 @@ def test_combinations_that_do_not_hold_are_refused_before_work():
     assert "carries values" in event_memory
     assert "must arrive exactly" in refusal(algorithm={"name": "fedkseed"}, compression={"down": ["fp16"]})
     assert "needs an uplink chain" in refusal(compression={"up_feedback": "ef21"})
+    assert "running sum" in refusal(
+        algorithm={"name": "scaffold"}, compression={"up": ["topk"], "up_feedback": "ef21"}
+    )
     assert "did you mean 'topk'" in refusal(compression={"up": ["tpok"]})
     assert "did you mean 'fraction'" in refusal(compression={"up": [{"kind": "topk", "fracton": 0.1}]})
     assert "a sparsifier (topk, randk)" in refusal(compression={"up": ["fp16", "randk"]})

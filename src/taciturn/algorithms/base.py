@@ -44,9 +44,13 @@ from taciturn.tasks.base import ClientData
 Loss = Callable[[Params, Any], torch.Tensor]
 Consts = dict[str, Any]  # a pytree of tensors
 # What a link's float arrays are, for compression ([compression], compression/config.py):
-# "changes" (deltas, increments: every compressor applies), "values" (a model or other quantities
-# themselves: only compressors whose error is bounded per value), "exact" (must arrive bit for bit).
-Carries = Literal["changes", "values", "exact"]
+# "updates" (this round's change, applied to a model whose own dynamics correct what compression
+# got wrong: every compressor and feedback applies), "increments" (changes the receiver adds into a
+# running sum: SCAFFOLD's c, event ADMM's copies; EF21's server copy would stand for each increment
+# and the sum would drift, so only the memory, which keeps the sum exact up to what it holds),
+# "values" (a model or other quantities themselves: only compressors whose error is bounded per
+# value), "exact" (must arrive bit for bit).
+Carries = Literal["updates", "increments", "values", "exact"]
 
 
 MAX_LR = 1e6  # larger learning rates or decays are typos (1e308 passes as finite, then overflows)

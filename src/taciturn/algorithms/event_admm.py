@@ -177,7 +177,7 @@ class EventADMM(Algorithm):
 
     @classmethod
     def carries(cls, config: AlgorithmConfig) -> tuple[Carries, Carries]:
-        return "changes" if getattr(config, "uplink", "full") == "change" else "values", "values"
+        return "increments" if getattr(config, "uplink", "full") == "change" else "values", "values"
 
     def __init__(self, config: EventADMMConfig):
         super().__init__(config)

@@ -74,7 +74,7 @@ class FedAvg(Algorithm):
 
     @classmethod
     def carries(cls, config: AlgorithmConfig) -> tuple[Carries, Carries]:
-        return "changes", "values"  # deltas up, the model down
+        return "updates", "values"  # deltas up, the model down
 
     def __init__(self, config: FedAvgConfig):
         super().__init__(config)

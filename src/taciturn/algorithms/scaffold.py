@@ -108,7 +108,9 @@ class Scaffold(Algorithm):
 
     @classmethod
     def carries(cls, config: AlgorithmConfig) -> tuple[Carries, Carries]:
-        return "changes", "values"  # (dy, dc) up, (x, c) down
+        # (dy, dc) up: the server sums dc into c = sum_i p_i c_i (line 17), so dc is an increment; with
+        # the memory the sum stays exact up to what the memory holds, which drains at the fixed point
+        return "increments", "values"
 
     def init_server(self, params: Params, num_clients: int) -> ScaffoldState:
         return ScaffoldState(clone(params), zeros_like(params))

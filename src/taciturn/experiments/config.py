@@ -545,10 +545,16 @@ class RunConfig(StrictModel):
                 f"compression.up = {kinds['up']}: {name}'s uplink carries values, not changes, and "
                 f"sparsifying or QSGD-quantising a value loses most of it; use fp16, bf16, int8 or int4{hint}"
             )
-        if comp.up_feedback != "none" and up != "changes":
+        if comp.up_feedback != "none" and up not in ("updates", "increments"):
             raise ValueError(
                 f"compression.up_feedback = '{comp.up_feedback}' feeds back what compression dropped from a "
                 f"change; {name}'s uplink carries values{hint}"
+            )
+        if comp.up_feedback == "ef21" and up == "increments":
+            raise ValueError(
+                f"compression.up_feedback = 'ef21': {name}'s server adds each uplink into a running sum "
+                "(SCAFFOLD's c, event ADMM's copies), where EF21's estimate of each message would leave the "
+                "sum off for good; use up_feedback = 'memory', which keeps the sum exact up to what it holds"
             )
         if comp.down and not comp.for_values(comp.down) and comp.down_feedback != "ef21p":
             raise ValueError(
