@@ -112,6 +112,10 @@ def test_ef21_reaches_the_least_squares_optimum_where_top_k_alone_stalls():
     assert stalled[0] > 0.5 and stalled[1] > 0.99 * stalled[0]  # stuck far from the optimum
     ef21, fed = fedavg_error({"up": TOPK, "up_feedback": "ef21"}, 100)
     assert ef21 < 1e-10
+    # the memory gets closer but circles the optimum: the clients' gradients there differ and do
+    # not vanish, so its residuals never drain (EF21's messages do: they are differences)
+    memory, _ = fedavg_error({"up": TOPK, "up_feedback": "memory"}, 200)
+    assert 0.01 < memory < stalled[1]
     # every message carries one value and one index, whatever the feedback
     assert fed.executor.pipeline.channel.ledger.totals(Direction.UP).messages_sent == 500
 
