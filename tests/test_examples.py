@@ -63,6 +63,19 @@ def test_plugin_example_from_the_command_line(in_tmp):
     assert rows[-1]["accuracy"] > rows[0]["accuracy"]
 
 
+def test_compression_example_from_the_command_line(in_tmp):
+    assert main(["run", str(REPO / "examples" / "compression.toml"), "--quiet", "--no-report"]) == 0
+    run = RunDir(in_tmp / "runs" / "compression")
+    rows = run.read_metrics()
+    assert rows[-1]["accuracy"] > rows[0]["accuracy"] + 0.3  # it learned
+    model_bytes = 4 * (64 * 32 + 32 + 32 * 10 + 10)  # the MLP in float32
+    last = rows[-1]
+    # top 5% in fp16 with uint16 indices, 8 headers: well under a sixth of the float32 update
+    assert last["bytes_up"] / last["messages_up"] < model_bytes / 6
+    # int8 codes and one float32 scale per 64 values: about a third of the float32 model
+    assert last["bytes_down"] / last["messages_down"] < model_bytes / 2.5
+
+
 def test_hf_text_example(in_tmp):
     pytest.importorskip("datasets")
     scope = runpy.run_path(str(REPO / "examples" / "hf_text.py"), run_name="__main__")

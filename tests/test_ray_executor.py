@@ -121,15 +121,19 @@ def sequential(tmp_path, cfg, rounds):
 
 
 @pytest.mark.parametrize(
-    "algorithm",
+    ("algorithm", "compression"),
     [
-        {"name": "fedavg", "local": {"momentum": 0.9}},
-        {"name": "event_admm", "rho": 0.1, "delta": 0.05},
+        ({"name": "fedavg", "local": {"momentum": 0.9}}, {}),
+        ({"name": "event_admm", "rho": 0.1, "delta": 0.05}, {}),
+        (  # error memory is client state: it goes through the keeper under the acceptance rule
+            {"name": "event_admm", "rho": 0.1, "delta": 0.05, "uplink": "change"},
+            {"up": ["topk"], "up_feedback": "memory", "down": ["int8"]},
+        ),
     ],  # SCAFFOLD: in the fault test, which checks the same against the sequential executor
-    ids=lambda a: a["name"],
+    ids=["fedavg", "event_admm", "event_admm-compressed"],
 )
-def test_ray_agrees_with_sequential_on_two_nodes(cluster, tmp_path, algorithm):
-    cfg = config(cluster, algorithm)
+def test_ray_agrees_with_sequential_on_two_nodes(cluster, tmp_path, algorithm, compression):
+    cfg = config(cluster, algorithm, compression=compression)
     reference, ref_reports, ref = sequential(tmp_path, cfg, 2)
     exp = prepare(cfg, tmp_path / "ray")
     executor = exp.federation.executor

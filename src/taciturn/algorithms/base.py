@@ -28,7 +28,7 @@ import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, NamedTuple, Union
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, Union
 
 import numpy as np
 import torch
@@ -43,6 +43,14 @@ from taciturn.tasks.base import ClientData
 
 Loss = Callable[[Params, Any], torch.Tensor]
 Consts = dict[str, Any]  # a pytree of tensors
+# What a link's float arrays are, for compression ([compression], compression/config.py):
+# "updates" (this round's change, applied to a model whose own dynamics correct what compression
+# got wrong: every compressor and feedback applies), "increments" (changes the receiver adds into a
+# running sum: SCAFFOLD's c, event ADMM's copies; EF21's server copy would stand for each increment
+# and the sum would drift, so only the memory, which keeps the sum exact up to what it holds),
+# "values" (a model or other quantities themselves: only compressors whose error is bounded per
+# value), "exact" (must arrive bit for bit).
+Carries = Literal["updates", "increments", "values", "exact"]
 
 
 MAX_LR = 1e6  # larger learning rates or decays are typos (1e308 passes as finite, then overflows)
@@ -216,6 +224,11 @@ class Algorithm(ABC):
         """Whether the arrays the server chain combines include every per-client secret."""
         prefix = cls.delta_prefix
         return prefix is not None and all(secret.startswith(prefix) for secret in cls.secret_prefixes)
+
+    @classmethod
+    def carries(cls, config: AlgorithmConfig) -> tuple[Carries, Carries]:
+        """What the uplink's and the downlink's float arrays are under ``config`` (see ``Carries``)."""
+        return "exact", "exact"
 
     def __init__(self, config: AlgorithmConfig):
         self.config = config

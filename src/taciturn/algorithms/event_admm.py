@@ -38,6 +38,34 @@ its stale z_hat. Under such loss the method reaches the consensus optimum, only 
 
 Every agent computes in every round (``fraction = 1``); FedADMM (fedadmm.py) is this algorithm with
 random participation in place of the triggers.
+
+Beyond the paper (taciturn's own rules; the defaults keep the paper's behaviour, which the
+benchmark of record, benchmarks/event_admm.py, runs):
+  * sampling and triggering together (``fraction`` < 1): each round the server samples C N agents
+    (McMahan et al.'s uniform draw); only they compute, and the uplink trigger decides which of them
+    speak. With sampling, the paper's one broadcast would reach only the agents sampled in the round
+    after it fires, so sampling takes ``downlink = "per_client"`` (the default ``"auto"`` picks it
+    whenever ``fraction`` < 1; ``"broadcast"`` with sampling and Delta_z > 0 is refused);
+  * ``downlink = "per_client"``: the server keeps z_sent_i, the z it last sent agent i, and sends z to
+    a sampled agent only if ||z - z_sent_i|| >= Delta_z,k (and z changed), so an agent that was away
+    gets the z it missed and one that holds a recent z is spared. With C = 1 and no lucky agents
+    every z_sent_i equals the paper's z_sent, so the two rules send the same messages. The randomized
+    variant's lucky agents are drawn among the sampled agents the trigger skipped. As with the
+    paper's broadcast, the server counts a z as held once sent: a lost z leaves the agent on its stale
+    copy until the trigger or a reset sends it again;
+  * ``start = "common"``: every agent starts from z^0, the common initial model the run seed
+    builds (the authors' code seeds every agent model and the global model alike, x_i^0 = z^0;
+    research/event_admm.md, Sec. 1.2), so round 1 sends nothing down; ``"broadcast"`` (the default,
+    taciturn's earlier behaviour) opens the run with z^0 sent to every agent;
+  * ``uplink = "change"``: an agent sends r_i = v_i - last_i and the server adds it to s_i, as the
+    authors' code does. The bytes are those of v_i uncompressed, but a change can be compressed
+    (compression/): with error memory (``[compression] up_feedback = "memory"``) the agent's memory
+    e_i holds last_i - s_i, so C(r_i + e_i) = C(v_i - s_i) is EF21's compressed step toward the
+    server's copy (Richtarik, Sokolov, Fatkhullin, NeurIPS 2021, Alg. 1). The trigger still compares
+    v_i with last_i, what the agent meant to send.
+Which config reproduces what: the paper's Alg. 1 (vanilla) is the default (``lucky_fraction = 0``);
+its randomized variant ``lucky_fraction`` > 0; both with Delta_z set (the code's Delta / 100 is the
+default). ``start = "common"`` removes the round-1 broadcast, as the authors' code initialises.
 """
 
 from __future__ import annotations
@@ -55,6 +83,7 @@ from taciturn.algorithms.base import (
     AlgorithmConfig,
     ArraySpec,
     Arrival,
+    Carries,
     ClientContext,
     ClientOutput,
     Consts,
@@ -92,11 +121,36 @@ class EventADMMConfig(AlgorithmConfig):
     relaxation: float = Field(1.0, gt=0, lt=2, description="over-relaxation alpha")
     reset_every: int | None = Field(None, ge=1, description="full resynchronisation every T_r rounds")
     persistent_momentum: bool = Field(True, description="keep each agent's momentum buffer across rounds")
+    start: Literal["broadcast", "common"] = Field(
+        "broadcast",
+        description="broadcast: round 1 sends z^0 to every agent; common: agents start from the common "
+        "initial model, nothing is sent",
+    )
+    downlink: Literal["auto", "broadcast", "per_client"] = Field(
+        "auto",
+        description="broadcast: one trigger ||z - z_sent|| >= Delta_z (the paper); per_client: the server "
+        "tracks the z each agent was sent and triggers per agent; auto: broadcast unless agents are sampled",
+    )
+    uplink: Literal["full", "change"] = Field(
+        "full", description="full: send x_hat_i + u_i; change: send its change since last sent (compressible)"
+    )
 
     @model_validator(mode="after")
     def _default_delta_z(self) -> EventADMMConfig:
         if self.delta_z is None:
             object.__setattr__(self, "delta_z", self.delta / 100)
+        return self
+
+    @model_validator(mode="after")
+    def _sampling_needs_per_client_downlink(self) -> EventADMMConfig:
+        if self.downlink == "auto":
+            object.__setattr__(self, "downlink", "per_client" if self.fraction < 1 else "broadcast")
+        if self.fraction < 1 and self.downlink == "broadcast" and (self.delta_z or self.lucky_fraction):
+            raise ValueError(
+                f"fraction = {self.fraction} samples agents, but the paper's broadcast (downlink = "
+                "'broadcast', Delta_z > 0) reaches only the agents sampled in the round after it fires, "
+                "and the others never get that z: set downlink = 'per_client'"
+            )
         return self
 
     def threshold(self, base: float, round: int) -> float:
@@ -112,6 +166,8 @@ class EventADMMState:
     copies: Params  # s_i stacked over agents: name -> tensor of shape (N, *param shape)
     z_sent: Params  # the last z broadcast to everyone
     broadcast: bool  # the downlink trigger fired at the end of the last round
+    held: Params | None = None  # per_client: z_sent_i, the z last sent to each agent, (N, *shape)
+    sent: torch.Tensor | None = None  # per_client: whether agent i holds any z (bool, (N,))
 
 
 class EventADMM(Algorithm):
@@ -119,14 +175,31 @@ class EventADMM(Algorithm):
     Config = EventADMMConfig
     config: EventADMMConfig
 
+    @classmethod
+    def carries(cls, config: AlgorithmConfig) -> tuple[Carries, Carries]:
+        return "increments" if getattr(config, "uplink", "full") == "change" else "values", "values"
+
+    def __init__(self, config: EventADMMConfig):
+        super().__init__(config)
+        self.initial: Params | None = None  # z^0, which start = "common" has every agent hold
+        self._sent_to: tuple[int, list[int]] = (0, [])  # per_client: (round, agents sent z that round)
+
     # ----- server -----
     def init_server(self, params: Params, num_clients: int) -> EventADMMState:
-        copies = {k: v.unsqueeze(0).repeat(num_clients, *([1] * v.dim())) for k, v in params.items()}
-        return EventADMMState(clone(params), copies, clone(params), broadcast=True)  # round 1 syncs z^0
+        self.initial = clone(params)
+        copies = stacked(params, num_clients)  # s_i = z^0: what every agent holds before it speaks
+        common = self.config.start == "common"
+        held = sent = None
+        if self.config.downlink == "per_client":
+            held, sent = stacked(params, num_clients), torch.full((num_clients,), common)
+        # start = "broadcast": round 1 syncs z^0 to every agent
+        return EventADMMState(clone(params), copies, clone(params), not common, held, sent)
 
     def downlink(
         self, state: EventADMMState, round: int, clients: Sequence[int]
     ) -> dict[int, Message | None]:
+        if self.config.downlink == "per_client":
+            return self.per_client_downlink(state, round, clients)
         if state.broadcast or self.config.is_reset(round):
             recipients = list(clients)
         else:  # the randomized variant: a few lucky agents hear the current z anyway
@@ -135,6 +208,28 @@ class EventADMM(Algorithm):
             recipients = [int(c) for c in rng.choice(clients, size=lucky, replace=False)] if rng else []
         z = Message.from_tensors(state.z)
         return dict.fromkeys(recipients, z)
+
+    def per_client_downlink(
+        self, state: EventADMMState, round: int, clients: Sequence[int]
+    ) -> dict[int, Message | None]:
+        """z to each sampled agent i that holds none, or whose z_sent_i is Delta_z,k or more from z
+        (Delta_z,k of round k - 1, the round that made z: the paper's trigger, evaluated per agent);
+        every sampled agent in a reset round; then floor(C_lucky m) lucky ones of the rest."""
+        assert state.held is not None and state.sent is not None
+        threshold = self.config.threshold(self.config.delta_z, max(round - 1, 1))
+        reset = self.config.is_reset(round)
+        recipients, skipped = [], []
+        for c in (int(c) for c in clients):
+            gap = norm({k: state.z[k] - v[c] for k, v in state.held.items()}) if state.sent[c] else None
+            needs = reset or gap is None or (gap > 0 and gap >= threshold)
+            (recipients if needs else skipped).append(c)
+        lucky = min(len(skipped), math.floor(self.config.lucky_fraction * len(clients) + 1e-9))
+        if lucky:
+            rng = self.streams.numpy(round, SERVER, "lucky")
+            recipients += [int(c) for c in rng.choice(skipped, size=lucky, replace=False)]
+        self._sent_to = (round, sorted(recipients))
+        z = Message.from_tensors(state.z)
+        return dict.fromkeys(sorted(recipients), z)
 
     def uplink_spec(self, state: EventADMMState) -> dict[str, ArraySpec]:
         return specs_of(state.z)
@@ -145,8 +240,13 @@ class EventADMM(Algorithm):
         copies = {name: s.clone() for name, s in state.copies.items()} if arrivals else state.copies
         for arrival in arrivals:  # full vectors replace the server's copy of x_hat_i + u_i
             for name, v in arrival.message.tensors().items():
-                copies[name][arrival.client] = v
+                if self.config.uplink == "change":  # s_i += r_i, as the authors' code
+                    copies[name][arrival.client] += v
+                else:
+                    copies[name][arrival.client] = v
         z = {name: s.mean(dim=0) for name, s in copies.items()}
+        if self.config.downlink == "per_client":
+            return EventADMMState(z, copies, state.z_sent, False, *self._record_sent(state, round))
         fire = norm(sub(z, state.z_sent)) >= self.config.threshold(self.config.delta_z, round)
         if fire:  # broadcast z at the start of the next round
             z_sent = clone(z)
@@ -155,6 +255,20 @@ class EventADMM(Algorithm):
         else:
             z_sent = state.z_sent
         return EventADMMState(z, copies, z_sent, broadcast=fire)
+
+    def _record_sent(self, state: EventADMMState, round: int) -> tuple[Params, torch.Tensor]:
+        """z_sent_i <- z for the agents sent z this round (counted as held once sent, as the paper's
+        broadcast is)."""
+        assert state.held is not None and state.sent is not None
+        sent_round, recipients = self._sent_to
+        if sent_round != round or not recipients:
+            return state.held, state.sent
+        held = {name: h.clone() for name, h in state.held.items()}
+        for name, h in held.items():
+            h[recipients] = state.z[name]
+        sent = state.sent.clone()
+        sent[recipients] = True
+        return held, sent
 
     def global_params(self, state: EventADMMState) -> Params:
         return state.z
@@ -166,6 +280,10 @@ class EventADMM(Algorithm):
             z_hat = ctx.received.tensors()
         elif state:
             z_hat = strip_prefix("z_hat", state)
+        elif self.config.start == "common":  # z^0, which every agent builds from the run seed
+            if self.initial is None:
+                raise RuntimeError("start = 'common' needs the initial model: init_server runs first")
+            z_hat = self.initial
         else:  # never heard z: nothing to start from
             return ClientOutput(uplink=None)
         u = strip_prefix("u", state)
@@ -214,8 +332,7 @@ class EventADMM(Algorithm):
         alpha = self.config.relaxation
         x_hat = x if alpha == 1.0 else add({k: alpha * v for k, v in x.items()}, z_hat, 1.0 - alpha)
         v = add(x_hat, u)
-        # last_i starts as the z the agent first received, which is what the server's copy holds.
-        last = strip_prefix("last", ctx.state or {}) or z_hat
+        last = strip_prefix("last", ctx.state or {}) or self.first_last(z_hat)
         z_step = self.z_step(ctx, z_hat)
         distance = norm(sub(v, last))
         units = self.trigger_units(ctx, last, z_step)
@@ -231,11 +348,22 @@ class EventADMM(Algorithm):
             state.update(with_prefix("momentum", momentum))
         if self.config.trigger == "progress":
             state["z_step"] = torch.tensor(z_step, dtype=torch.float64)
+        sent = sub(v, last) if self.config.uplink == "change" else v
         return ClientOutput(
-            Message.from_tensors(v, **meta) if send else None,
+            Message.from_tensors(sent, **meta) if send else None,
             state,
             {"trigger_norm": distance, **{f"trigger_unit/{k}": unit for k, unit in units.items()}},
         )
+
+    def first_last(self, z_hat: Params) -> Params:
+        """last_i before agent i first speaks: the server's copy s_i = z^0. Full vectors: the z the agent
+        first received, which is z^0 unless a broadcast was lost (the first full v_i replaces s_i anyway).
+        Changes add up on s_i, so they must start from z^0 itself."""
+        if self.config.uplink == "full":
+            return z_hat
+        if self.initial is None:
+            raise RuntimeError("uplink = 'change' needs the initial model: init_server runs first")
+        return self.initial
 
     def trigger_units(self, ctx: ClientContext, last: Params, z_step: float) -> dict[str, float]:
         """What Delta_k multiplies under each uplink rule; agent i sends when ||v_i - last_i|| reaches
@@ -264,3 +392,8 @@ class EventADMM(Algorithm):
         if step > 0 or "z_step" not in state:
             return step
         return self.config.progress_fade * float(state["z_step"])
+
+
+def stacked(params: Params, n: int) -> Params:
+    """n copies of ``params`` along a new leading axis."""
+    return {k: v.unsqueeze(0).repeat(n, *([1] * v.dim())) for k, v in params.items()}

@@ -32,6 +32,9 @@ from taciturn.algorithms.event_admm import EventADMM, EventADMMConfig
 class FedADMMConfig(AlgorithmConfig):
     name: Literal["fedadmm"] = "fedadmm"
     rho: float = Field(0.01, gt=0, description="ADMM penalty (0.01 in the authors' runs)")
+    uplink: Literal["full", "change"] = Field(
+        "full", description="full: send x_i + u_i; change: send its change since last sent (compressible)"
+    )
 
     def as_event_admm(self) -> EventADMMConfig:
         return EventADMMConfig(
@@ -41,7 +44,9 @@ class FedADMMConfig(AlgorithmConfig):
             per_agent_rho=False,
             delta=0.0,  # every sampled agent sends
             delta_z=0.0,  # every sampled agent receives z
+            downlink="broadcast",  # to every sampled agent, every round (Delta_z = 0)
             persistent_momentum=False,
+            uplink=self.uplink,
         )
 
 

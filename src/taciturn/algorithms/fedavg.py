@@ -31,6 +31,7 @@ from taciturn.algorithms.base import (
     AlgorithmConfig,
     ArraySpec,
     Arrival,
+    Carries,
     ClientContext,
     ClientOutput,
     LocalTraining,
@@ -70,6 +71,10 @@ class FedAvg(Algorithm):
     keeps_client_state = False
     averages_buffers = True  # w_{t+1} averages every tensor: BatchNorm statistics sample-weighted too
     delta_prefix = ""
+
+    @classmethod
+    def carries(cls, config: AlgorithmConfig) -> tuple[Carries, Carries]:
+        return "updates", "values"  # deltas up, the model down
 
     def __init__(self, config: FedAvgConfig):
         super().__init__(config)

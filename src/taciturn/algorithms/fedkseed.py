@@ -33,6 +33,7 @@ from taciturn.algorithms.base import (
     AlgorithmConfig,
     ArraySpec,
     Arrival,
+    Carries,
     ClientContext,
     ClientOutput,
     LocalTraining,
@@ -110,6 +111,10 @@ class FedKSeed(Algorithm):
             p.add_(s)
 
     # ----- server -----
+    @classmethod
+    def carries(cls, config: AlgorithmConfig) -> tuple[Carries, Carries]:
+        return "values", "exact"  # projected gradients up; down, the history every client replays exactly
+
     def init_server(self, params: Params, num_clients: int) -> FedKSeedState:
         self.initial = clone(params)
         return FedKSeedState(

@@ -55,6 +55,7 @@ from taciturn.algorithms.base import (
     AlgorithmConfig,
     ArraySpec,
     Arrival,
+    Carries,
     ClientContext,
     ClientOutput,
     Consts,
@@ -113,6 +114,12 @@ class Scaffold(Algorithm):
     # Both dy and dc are functions of the client's data: the server chain (robust rules, DP) and
     # local DP treat (dy, dc) as one vector, so both are clipped, noised or robustly combined.
     delta_prefix = ""
+
+    @classmethod
+    def carries(cls, config: AlgorithmConfig) -> tuple[Carries, Carries]:
+        # (dy, dc) up: the server sums dc into c = sum_i p_i c_i (line 17), so dc is an increment; with
+        # the memory the sum stays exact up to what the memory holds, which drains at the fixed point
+        return "increments", "values"
 
     def init_server(self, params: Params, num_clients: int) -> ScaffoldState:
         return ScaffoldState(clone(params), zeros_like(params))

@@ -16,6 +16,12 @@ the store when the server has accepted that uplink (``commit``, called by the Fe
 round's aggregate is validated); a dropped or rejected uplink, or a skipped round, leaves the
 client's stored state as it was. A client that sends nothing has nothing to wait for: its new
 state is stored at once.
+
+Compression (compression/link.py): what arrives on the downlink is rebuilt before the algorithm
+sees it; an uplink is compressed last, after local DP and any simulated attack, and the server
+rebuilds and checks it in ``admit`` before anything else. The links' own client state (error
+memory, the downlink reference) is stored beside the algorithm's, under names starting with "~",
+and follows the same acceptance rule; the algorithm never sees it.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ from taciturn.algorithms.base import (
     TrainResult,
 )
 from taciturn.attacks.poisoning import ModelPoisoning
+from taciturn.compression.chain import CompressionError
+from taciturn.compression.link import Downlink, Uplink, split_state
 from taciturn.core.channel import Channel
 from taciturn.core.ledger import Direction
 from taciturn.core.message import Message
@@ -76,6 +84,19 @@ class RoundPart:
     losses: list[float] = field(default_factory=list)  # train_loss of accepted uplinks that report one
     client_info: dict[int, Mapping[str, float]] = field(default_factory=dict)
     arrivals: list[Arrival] = field(default_factory=list)  # only when the pipeline keeps them
+    heard: list[int] = field(default_factory=list)  # clients a downlink message reached
+    settled: list[int] = field(default_factory=list)  # clients whose new state was stored at once
+
+
+@dataclass
+class _Held:
+    """A client's stored state during its round: the algorithm's part, the links' part (after this
+    round's downlink), whether the links' part changed, and whether a downlink message arrived."""
+
+    own: ClientState | None
+    links: ClientState
+    changed: bool = False
+    heard: bool = False
 
 
 class ClientPipeline:
@@ -95,6 +116,8 @@ class ClientPipeline:
         local_dp: LocalGaussian | None = None,
         secure_sum: SecureSum | None = None,
         private: bool = False,
+        uplink: Uplink | None = None,
+        downlink: Downlink | None = None,
     ):
         self.algorithm = algorithm
         self.buffers = buffers  # parameter names local training updates without a gradient
@@ -109,6 +132,8 @@ class ClientPipeline:
         self.secure_sum = secure_sum  # the server sees only the sum (secagg/), if any
         self.private = private  # [privacy]: no client named in the log
         self.keep_statistics = not private and secure_sum is None
+        self.uplink, self.downlink = uplink, downlink  # compression of each link, if any
+        self._held: dict[int, _Held] = {}  # this round's clients, between context and _collect
         algorithm.use_streams(streams)  # before any worker forks: every copy of the algorithm has them
         self.trust = TrustedWeights(trust or TrustConfig(), data)
         algorithm.use_population(data.num_clients, self.trust.total())
@@ -122,11 +147,16 @@ class ClientPipeline:
 
     def context(self, round: int, client: int, message: Message | None) -> ClientContext:
         received = None if message is None else self.channel.send(Direction.DOWN, round, client, message)
+        own, links = split_state(self.store.get(client))
+        held = self._held[client] = _Held(own, links, heard=received is not None)
+        if received is not None and self.downlink is not None:
+            received, held.links = self.downlink.receive(round, client, received, links)
+            held.changed = held.links is not links
         return ClientContext(
             client,
             round,
             received,
-            self.store.get(client),
+            own,
             self.data.client_size(client),
             self.streams,
             self.data,
@@ -169,6 +199,8 @@ class ClientPipeline:
 
     def _collect(self, round, contexts, outputs, spec) -> RoundPart:
         part, arrivals, uplinks = RoundPart(accumulated=None), [], []
+        waiting: dict[int, ClientState | None] = {}  # new algorithm state of clients that sent
+        part.heard = [ctx.client for ctx in contexts if self._held[ctx.client].heard]
         for ctx, output in zip(contexts, outputs, strict=True):
             if isinstance(output, Exception):
                 part.failed.append((ctx.client, f"{type(output).__name__}: {output}"))
@@ -176,12 +208,12 @@ class ClientPipeline:
             assert isinstance(output, ClientOutput)
             if output.info:
                 part.client_info[ctx.client] = dict(output.info)
-            if output.uplink is None:
-                if output.state is not None:  # nothing sent, nothing to acknowledge
-                    self.store.put(ctx.client, output.state)
+            if output.uplink is None:  # nothing sent, nothing to acknowledge: stored at once
+                if (state := self._full_state(ctx.client, output.state, spec)) is not None:
+                    self.store.put(ctx.client, state)
+                    part.settled.append(ctx.client)
                 continue
-            if output.state is not None:
-                self._stage(round, ctx.client, output.state)
+            waiting[ctx.client] = output.state
             uplinks.append(
                 (ctx.client, output.uplink if self.keep_statistics else without_statistics(output.uplink))
             )
@@ -189,6 +221,11 @@ class ClientPipeline:
             uplinks = [(client, self.local_dp.apply(round, client, uplink)) for client, uplink in uplinks]
         if self.poisoning is not None:
             uplinks = self.poisoning.forge(round, uplinks)
+        if self.uplink is not None:  # last: compression is post-processing of what the client releases
+            uplinks = [(client, self._compress(round, client, uplink)) for client, uplink in uplinks]
+        for client, own in waiting.items():
+            if (state := self._full_state(client, own, spec)) is not None:
+                self._stage(round, client, state)
         if self.secure_sum is not None:
             self._secure(part, arrivals, round, uplinks, spec)
         for client, uplink in uplinks if self.secure_sum is None else ():
@@ -199,7 +236,29 @@ class ClientPipeline:
         part.accumulated = self.accumulate(arrivals)
         if self.keep_arrivals:
             part.arrivals = arrivals
+        self._held = {}
         return part
+
+    def _compress(self, round: int, client: int, uplink: Message) -> Message:
+        assert self.uplink is not None
+        held = self._held[client]
+        sent, links = self.uplink.send(round, client, uplink, held.links)
+        if links is not held.links:
+            held.links, held.changed = links, True
+        return sent
+
+    def _full_state(self, client: int, own: ClientState | None, spec) -> ClientState | None:
+        """The state to store for ``client``: its new algorithm state (None: unchanged) with the links'
+        part; None when neither changed. Error memory is always complete (zeros where nothing was
+        dropped yet), so every state a client stores has one layout (core/disk_store.py)."""
+        held = self._held[client]
+        if own is None and not held.changed:
+            return None
+        links = held.links
+        if self.uplink is not None and self.uplink.stateful:
+            links = self.uplink.memory_template(spec) | links
+        state = {**(own if own is not None else held.own or {}), **links}
+        return state or None
 
     def _secure(self, part, arrivals, round, uplinks, spec) -> None:
         """Secure aggregation instead of plain uplinks: each client quantises its update and takes
@@ -259,6 +318,13 @@ class ClientPipeline:
     ) -> None:
         """The server's check of an uplink that arrived (in simulation or from a deployed node):
         rejected with a reason, or accepted into ``arrivals`` with the weight the server trusts."""
+        if self.uplink is not None:
+            try:
+                arrived = self.uplink.receive(round, client, arrived, spec)
+            except CompressionError as error:
+                log.warning("round %d: rejected the update of %s: %s", round, self._who(client), error)
+                part.rejected.append((client, str(error)))
+                return
         reason = (
             uplink_problem(arrived, spec)
             or self.algorithm.check_uplink_meta(arrived)
@@ -322,6 +388,8 @@ def merge(pipeline: ClientPipeline, parts: Sequence[RoundPart], clients: Sequenc
         merged.losses += p.losses
         merged.client_info.update(p.client_info)
         merged.arrivals += p.arrivals
+        merged.heard += p.heard
+        merged.settled += p.settled
     order = {c: i for i, c in enumerate(clients)}
     merged.accepted.sort(key=order.__getitem__)
     merged.rejected.sort(key=lambda item: order[item[0]])

@@ -21,6 +21,7 @@ from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_va
 from taciturn.algorithms import REGISTRY
 from taciturn.algorithms.base import StrictModel
 from taciturn.attacks.config import AttackConfig
+from taciturn.compression.config import CompressionConfig
 from taciturn.core.errors import TaciturnError
 from taciturn.engine.analysis import AnalysisConfig
 from taciturn.engine.trust import TrustConfig
@@ -413,6 +414,7 @@ class RunConfig(StrictModel):
     attack: AttackConfig = AttackConfig()
     privacy: PrivacyConfig = PrivacyConfig()
     secagg: SecAggConfig = SecAggConfig()
+    compression: CompressionConfig = CompressionConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -523,6 +525,65 @@ class RunConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _compression_fits(self) -> RunConfig:
+        """Which compressions hold with the algorithm, SecAgg, DP and the robust rules (the guide's
+        compression section says why): refused here, before any work."""
+        comp = self.compression
+        if not comp.enabled:
+            return self
+        name = self.algorithm.name
+        up, down = REGISTRY[name].carries(self.algorithm)
+        kinds = {d: [p.kind for p in getattr(comp, d)] for d in ("up", "down")}
+        for direction, carries in (("up", up), ("down", down)):
+            chain = getattr(comp, direction)
+            if chain and carries == "exact":
+                raise ValueError(
+                    f"compression.{direction}: {name}'s {direction}link must arrive exactly (every client "
+                    "replays the same history); leave it uncompressed"
+                )
+        hint = (
+            " (event_admm, fedadmm: set algorithm.uplink = 'change')"
+            if name in ("event_admm", "fedadmm")
+            else ""
+        )
+        if comp.up and up == "values" and not comp.for_values(comp.up):
+            raise ValueError(
+                f"compression.up = {kinds['up']}: {name}'s uplink carries values, not changes, and "
+                f"sparsifying or QSGD-quantising a value loses most of it; use fp16, bf16, int8 or int4{hint}"
+            )
+        if comp.up_feedback != "none" and up not in ("updates", "increments"):
+            raise ValueError(
+                f"compression.up_feedback = '{comp.up_feedback}' feeds back what compression dropped from a "
+                f"change; {name}'s uplink carries values{hint}"
+            )
+        if comp.up_feedback == "ef21" and up == "increments":
+            raise ValueError(
+                f"compression.up_feedback = 'ef21': {name}'s server adds each uplink into a running sum "
+                "(SCAFFOLD's c, event ADMM's copies), where EF21's estimate of each message would leave the "
+                "sum off for good; use up_feedback = 'memory', which keeps the sum exact up to what it holds"
+            )
+        if comp.down and not comp.for_values(comp.down) and comp.down_feedback != "ef21p":
+            raise ValueError(
+                f"compression.down = {kinds['down']}: the downlink carries the model itself; sparsifiers and "
+                "QSGD need compression.down_feedback = 'ef21p' (each client gets the compressed change "
+                "from the copy it holds)"
+            )
+        if comp.up and self.secagg.enabled:
+            raise ValueError(
+                "[secagg] masks every update in a ring of secagg.bits-bit integers: that is the uplink's "
+                "encoding (set secagg.bits); compression.up cannot apply to masked updates"
+            )
+        robust = self.aggregation.kind != "mean"
+        if robust and (not comp.for_values(comp.up) or comp.up_feedback != "none"):
+            raise ValueError(
+                f"[aggregation] kind = '{self.aggregation.kind}' compares the clients' updates: sparsified "
+                "or QSGD-quantised updates differ by their compression more than by their content, and "
+                "error memory re-sends what the rule discarded; with a robust rule use fp16, bf16, int8 "
+                "or int4 without up_feedback"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _twin_steps(self) -> RunConfig:
         if self.analysis.centralized and self.algorithm.local.steps is None:
             raise ValueError(
@@ -573,6 +634,13 @@ def _resolve(loc: tuple, root: type[BaseModel]) -> tuple[list[str], type[BaseMod
         annotation = fields[part].annotation
         if typing.get_origin(annotation) is Annotated:
             annotation = typing.get_args(annotation)[0]
+        if typing.get_origin(annotation) in (tuple, list) and isinstance(parts[0], int):
+            path.append(str(parts.pop(0)))  # an item of a list of tables ([compression] up)
+            annotation = typing.get_args(annotation)[0]
+            if typing.get_origin(annotation) is Annotated:
+                annotation = typing.get_args(annotation)[0]
+            if not parts:
+                break
         union = typing.get_origin(annotation) in (Union, types.UnionType)
         members = [a for a in typing.get_args(annotation) if a is not type(None)] if union else [annotation]
         tagged = _member_for_tag(members, parts[0])

@@ -13,6 +13,7 @@ import torch
 
 from taciturn.algorithms.base import Algorithm
 from taciturn.attacks.poisoning import ModelPoisoning, pick_attackers
+from taciturn.compression.link import Downlink, Uplink
 from taciturn.core import device
 from taciturn.core.channel import Channel
 from taciturn.core.disk_store import DiskStateStore
@@ -77,6 +78,11 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
         return choice.Choice(
             "sequential", 0, "secure aggregation runs among a round's clients in one process"
         )
+    if engine.executor == "auto" and (feedback := in_process_links(config)):
+        in_process = "vectorized" if weighted else "sequential"
+        return choice.Choice(
+            in_process, 0, f"[compression] {feedback} keeps each client's copy in this process"
+        )
     if engine.executor == "auto" and config.attack.colluding:
         return choice.Choice("sequential", 0, "the simulated attackers read every honest update")
     if engine.executor == "ray":
@@ -109,14 +115,20 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
     return picked.tried(config.rounds)
 
 
-def build_store(
-    config: RunConfig, algorithm: Algorithm, picked: choice.Choice, out: Path, num_clients: int
-) -> ClientStateStore:
+def store_kind(config: RunConfig, algorithm: Algorithm, picked: choice.Choice, num_clients: int) -> str:
+    """ "disk" or "memory": where the client states will live."""
     wanted = config.engine.store
     if wanted == "auto":
         stateful = algorithm.keeps_client_state
         parallel = picked.executor.startswith("parallel") or picked.challenger is not None
         wanted = "disk" if stateful and (parallel or num_clients >= DISK_STORE_CLIENTS) else "memory"
+    return wanted
+
+
+def build_store(
+    config: RunConfig, algorithm: Algorithm, picked: choice.Choice, out: Path, num_clients: int
+) -> ClientStateStore:
+    wanted = store_kind(config, algorithm, picked, num_clients)
     path = Path(out) / "client_state.bin" if wanted == "disk" else None
     if picked.executor == "ray" and algorithm.keeps_client_state:
         from taciturn.engine.ray_state import RayStateStore
@@ -141,7 +153,16 @@ def build_federation(
     ``ray_workers``: the actors ``start_ray`` started, for engine.executor = "ray"."""
     if config.engine.threads:
         torch.set_num_threads(config.engine.threads)
+    uplink, downlink = links(config, algorithm, streams, deployed=remote is not None)
     picked = None if remote is not None else choose_executor(config, algorithm, task, data)
+    if picked is not None and (feedback := in_process_links(config)):
+        on_disk = store_kind(config, algorithm, picked, data.num_clients) == "disk"
+        if on_disk or picked.executor not in ("sequential", "vectorized") or picked.challenger:
+            raise ConfigError(
+                f"[compression] {feedback} keeps a copy of each client's reference on the server, in this "
+                "process, and the client's in a store whose layout may grow with its first message: use "
+                "engine.executor = 'sequential' or 'vectorized' with engine.store = 'memory' (or 'auto')"
+            )
     chain, local_dp = server_chain(config, data, noise_multiplier), None
     privacy = config.privacy
     if privacy.enabled and privacy.mode == "local":
@@ -173,6 +194,8 @@ def build_federation(
         local_dp=local_dp,
         secure_sum=secure_sum(config, data, streams, simulated=remote is None),
         private=privacy.enabled,
+        uplink=uplink,
+        downlink=downlink,
     )
     if picked is None:
         executor = remote(pipeline)
@@ -191,7 +214,41 @@ def build_federation(
         expected = dp_expected_clients(config, data) if central else None
         aggregation = ServerAggregation(chain, algorithm, streams, expected)
     poisson = config.algorithm.fraction if privacy.enabled and privacy.sampling == "poisson" else None
-    return Federation(algorithm, executor, streams, data, aggregation, poisson), store, note
+    federation = Federation(algorithm, executor, streams, data, aggregation, poisson, uplink, downlink)
+    return federation, store, note
+
+
+def in_process_links(config: RunConfig) -> str:
+    """The feedback settings whose per-client copies need an in-process executor ('' if none)."""
+    compression = config.compression
+    wanted = [f"up_feedback = '{compression.up_feedback}'"] if compression.up_feedback == "ef21" else []
+    wanted += (
+        [f"down_feedback = '{compression.down_feedback}'"] if compression.down_feedback == "ef21p" else []
+    )
+    return " and ".join(wanted)
+
+
+def links(
+    config: RunConfig, algorithm: Algorithm, streams: Streams, deployed: bool
+) -> tuple[Uplink | None, Downlink | None]:
+    """Each link's compression ([compression]); a link that keeps client state (error memory, a
+    reference) makes the clients stateful, so the executors store it."""
+    compression = config.compression
+    initial = (
+        getattr(config.algorithm, "start", None) == "common"
+        or getattr(config.algorithm, "uplink", None) == "change"
+    )
+    if deployed and (compression.enabled or initial):
+        raise ConfigError(
+            "[compression], algorithm.start = 'common' and algorithm.uplink = 'change' run in simulation "
+            "only: a deployed node does not compress or build the initial model yet"
+        )
+    up, down = compression.transform("up"), compression.transform("down")
+    uplink = None if up is None else Uplink(up, streams)
+    downlink = None if down is None else Downlink(down, streams)
+    if any(link is not None and link.stateful for link in (uplink, downlink)):
+        algorithm.keeps_client_state = True
+    return uplink, downlink
 
 
 def secure_sum(

@@ -23,6 +23,7 @@ from taciturn.algorithms import Algorithm, build_algorithm
 from taciturn.algorithms.fedavg import FedAvg
 from taciturn.attacks.label_flip import flip_labels
 from taciturn.attacks.poisoning import pick_attackers
+from taciturn.compression.link import ReferenceCopies
 from taciturn.core.channel import Channel
 from taciturn.core.device import DeviceError, resolve, use
 from taciturn.core.ledger import Direction, Ledger
@@ -439,6 +440,11 @@ def resume(
         if exp.federation.aggregation is not None:
             chain = checkpoint.load_extra(folder, "server_chain", ChainState({}))
             exp.federation.aggregation.restore(chain)
+        for link in (exp.federation.uplink, exp.federation.downlink):
+            if link is not None:
+                link.restore(
+                    checkpoint.load_extra(folder, f"{link.direction}link_copies", ReferenceCopies({}))
+                )
         executor = exp.federation.executor
         executor.checkpointed(
             {
@@ -608,6 +614,9 @@ def _loop(
                     extras = {} if exp.analysis is None else exp.analysis.checkpoint_extras()
                     if exp.federation.aggregation is not None:
                         extras |= exp.federation.aggregation.checkpoint_extras()
+                    for link in (exp.federation.uplink, exp.federation.downlink):
+                        if link is not None:
+                            extras |= link.checkpoint_extras()
                     executor = exp.federation.executor.checkpoint_extras()
                     checkpoint.save(
                         rundir.checkpoint_dir(round), state, exp.store, counters, extras | executor, rundir
