@@ -196,11 +196,12 @@ class Algorithm(ABC):
     name: ClassVar[str]
     Config: ClassVar[type[AlgorithmConfig]]
     keeps_client_state: ClassVar[bool] = True  # False: clients are stateless (no store traffic)
-    # True: the algorithm's server averages every tensor a client sends back, so a model's floating
-    # buffers (BatchNorm statistics), carried in the parameters but never differentiated, are
-    # averaged like weights. Algorithms whose math is about gradients (control variates, duals,
-    # projections) leave it False and refuse such models.
-    averages_buffers: ClassVar[bool] = False
+    # True: the algorithm federates a model's floating buffers (BatchNorm statistics: carried in the
+    # parameters, updated by the forward pass, never differentiated). Its math (steps, proximal
+    # terms, control variates, duals, triggers) applies to the weights only; the buffers are
+    # averaged as the server averages models, or kept by each client (``use_buffers``, FedBN).
+    # False (projections onto shared bases, zeroth-order steps): models with buffers are refused.
+    supports_buffers: ClassVar[bool] = False
     # The uplink arrays that form a model delta, by name prefix ("": all of them), which the server
     # chain (server/aggregation.py: robust rules, clipping, DP) may combine; None: not a delta.
     delta_prefix: ClassVar[str | None] = None
@@ -210,6 +211,8 @@ class Algorithm(ABC):
         self.streams: Streams | None = None
         self.num_clients = 0  # the population, told by the federation (use_population)
         self.total_weight = 0  # the server's sum of every client's weight (trusted num_samples)
+        self.buffers: frozenset[str] = frozenset()  # the model's buffers (use_buffers)
+        self.local_buffers: frozenset[str] = frozenset()  # those kept by each client (FedBN)
 
     def use_streams(self, streams: Streams) -> None:
         """The run's seeded streams, given by the federation before the first round: the server
@@ -221,6 +224,28 @@ class Algorithm(ABC):
         weights under the server's weighting rule (engine/trust.py), given before the first round."""
         self.num_clients = num_clients
         self.total_weight = total_weight
+
+    def use_buffers(self, names: frozenset[str], local: bool = False) -> None:
+        """The model's buffers, told before the first round (both ends of a deployment): averaged
+        by the server, or with ``local`` kept by each client in its client state and never sent
+        (FedBN: Li, Jiang, Zhang, Kamp, Dou, ICLR 2021, Algorithm 1)."""
+        self.buffers = frozenset(names)
+        self.local_buffers = self.buffers if local else frozenset()
+        self.keeps_client_state = type(self).keeps_client_state or bool(self.local_buffers)
+
+    def weights(self, params: Mapping[str, torch.Tensor]) -> Params:
+        """The tensors the algorithm's math applies to: every one but the buffers."""
+        return {n: p for n, p in params.items() if n not in self.buffers}
+
+    def sent(self, params: Mapping[str, torch.Tensor]) -> Params:
+        """The tensors a client sends up: every one but the buffers it keeps (FedBN)."""
+        return {n: p for n, p in params.items() if n not in self.local_buffers}
+
+    def server_step(self, params: Params, mean_delta: Mapping[str, torch.Tensor], lr: float) -> Params:
+        """``params`` moved by ``lr`` times the clients' mean delta on the weights; the buffers become
+        the clients' mean (a step of 1 whatever ``lr``: a larger step would extrapolate a running
+        variance, possibly below zero). Only the tensors in ``mean_delta`` move."""
+        return {k: params[k] + (1.0 if k in self.buffers else lr) * d for k, d in mean_delta.items()}
 
     # ----- server -----
     @abstractmethod

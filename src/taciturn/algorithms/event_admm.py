@@ -38,6 +38,12 @@ its stale z_hat. Under such loss the method reaches the consensus optimum, only 
 
 Every agent computes in every round (``fraction = 1``); FedADMM (fedadmm.py) is this algorithm with
 random participation in place of the triggers.
+
+Buffers (BatchNorm running statistics) are no variables of the consensus problem: x_i, u_i, the
+relaxation, the triggers' norms and the downlink trigger cover the weights only. An agent sends its
+trained statistics with v_i, the server keeps them in the agent's copy, and z's statistics are the
+mean of the copies, as z's weights are of the s_i; or, with local buffers (FedBN), each agent keeps
+its own in its state and never sends them, and z keeps the initial ones.
 """
 
 from __future__ import annotations
@@ -118,10 +124,12 @@ class EventADMM(Algorithm):
     name = "event_admm"
     Config = EventADMMConfig
     config: EventADMMConfig
+    supports_buffers = True
 
     # ----- server -----
     def init_server(self, params: Params, num_clients: int) -> EventADMMState:
-        copies = {k: v.unsqueeze(0).repeat(num_clients, *([1] * v.dim())) for k, v in params.items()}
+        sent = self.sent(params)
+        copies = {k: v.unsqueeze(0).repeat(num_clients, *([1] * v.dim())) for k, v in sent.items()}
         return EventADMMState(clone(params), copies, clone(params), broadcast=True)  # round 1 syncs z^0
 
     def downlink(
@@ -137,7 +145,7 @@ class EventADMM(Algorithm):
         return dict.fromkeys(recipients, z)
 
     def uplink_spec(self, state: EventADMMState) -> dict[str, ArraySpec]:
-        return specs_of(state.z)
+        return specs_of(self.sent(state.z))
 
     def aggregate(self, state: EventADMMState, round: int, arrivals: Sequence[Arrival]) -> EventADMMState:
         # The default accumulation keeps the arrivals: each full vector replaces one copy (in a new
@@ -146,8 +154,9 @@ class EventADMM(Algorithm):
         for arrival in arrivals:  # full vectors replace the server's copy of x_hat_i + u_i
             for name, v in arrival.message.tensors().items():
                 copies[name][arrival.client] = v
-        z = {name: s.mean(dim=0) for name, s in copies.items()}
-        fire = norm(sub(z, state.z_sent)) >= self.config.threshold(self.config.delta_z, round)
+        z = state.z | {name: s.mean(dim=0) for name, s in copies.items()}  # FedBN: z keeps its own
+        moved = norm(sub(self.weights(z), state.z_sent))
+        fire = moved >= self.config.threshold(self.config.delta_z, round)
         if fire:  # broadcast z at the start of the next round
             z_sent = clone(z)
         elif self.config.is_reset(round):  # this round opened with a broadcast of state.z to everyone
@@ -172,7 +181,7 @@ class EventADMM(Algorithm):
         if u:  # u_i <- u_i + x_hat_i - z_hat (dual ascent with the newest z held)
             u = add(u, sub(strip_prefix("x_hat", state), z_hat))
         else:
-            u = {k: torch.zeros_like(v) for k, v in z_hat.items()}
+            u = {k: torch.zeros_like(v) for k, v in self.weights(z_hat).items()}
         momentum = strip_prefix("momentum", state) if self.config.persistent_momentum else None
         return self.x_update(ctx, z_hat, u, momentum or None)
 
@@ -186,15 +195,18 @@ class EventADMM(Algorithm):
         self, ctx: ClientContext, z_hat: Params, u: Params, momentum: Params | None
     ) -> LocalTraining | ClientOutput:
         """Inexact x-update by local SGD warm-started at z_hat; override for an exact solve."""
+        own = strip_prefix("buffers", ctx.state or {}) if self.local_buffers else {}  # FedBN
         return LocalTraining(
-            params=z_hat,
-            consts={"anchor": sub(z_hat, u), "z_hat": z_hat, "u": u, "rho": self.rho_i(ctx)},
+            params=z_hat | own,
+            consts={"anchor": sub(self.weights(z_hat), u), "z_hat": z_hat, "u": u, "rho": self.rho_i(ctx)},
             momentum=momentum,
         )
 
     def objective(self, loss: Loss, params: Params, batch: Any, consts: Consts) -> torch.Tensor:
-        # f_i(x) + (rho_i / 2) ||x - z_hat + u_i||^2
-        return loss(params, batch) + 0.5 * consts["rho"] * sq_distance(params, consts["anchor"])
+        # f_i(x) + (rho_i / 2) ||x - z_hat + u_i||^2, over the weights
+        anchor = consts["anchor"]
+        weights = {k: params[k] for k in anchor}
+        return loss(params, batch) + 0.5 * consts["rho"] * sq_distance(weights, anchor)
 
     def client_end(self, ctx: ClientContext, work: LocalTraining, result: TrainResult) -> ClientOutput:
         return self.finish(
@@ -212,10 +224,12 @@ class EventADMM(Algorithm):
     ) -> ClientOutput:
         """Relax, apply the uplink trigger and write the agent's state."""
         alpha = self.config.relaxation
+        statistics = {n: x[n] for n in self.buffers if n in x}  # trained buffers: sent or kept, never relaxed
+        x = self.weights(x)
         x_hat = x if alpha == 1.0 else add({k: alpha * v for k, v in x.items()}, z_hat, 1.0 - alpha)
         v = add(x_hat, u)
         # last_i starts as the z the agent first received, which is what the server's copy holds.
-        last = strip_prefix("last", ctx.state or {}) or z_hat
+        last = strip_prefix("last", ctx.state or {}) or self.weights(z_hat)
         z_step = self.z_step(ctx, z_hat)
         distance = norm(sub(v, last))
         units = self.trigger_units(ctx, last, z_step)
@@ -226,13 +240,14 @@ class EventADMM(Algorithm):
             **with_prefix("u", u),
             **with_prefix("z_hat", z_hat),
             **with_prefix("last", v if send else last),
+            **with_prefix("buffers", {n: statistics[n] for n in self.local_buffers}),
         }
         if momentum is not None and self.config.persistent_momentum:
             state.update(with_prefix("momentum", momentum))
         if self.config.trigger == "progress":
             state["z_step"] = torch.tensor(z_step, dtype=torch.float64)
         return ClientOutput(
-            Message.from_tensors(v, **meta) if send else None,
+            Message.from_tensors(v | self.sent(statistics), **meta) if send else None,
             state,
             {"trigger_norm": distance, **{f"trigger_unit/{k}": unit for k, unit in units.items()}},
         )
@@ -259,8 +274,8 @@ class EventADMM(Algorithm):
         times ``progress_fade``: the longer the agent hears nothing new, the lower its threshold, so
         a round in which nobody speaks cannot repeat forever (no fixed point but ADMM's)."""
         state = ctx.state or {}
-        held = strip_prefix("z_hat", state)
-        step = norm(sub(z_hat, held)) if held else 0.0
+        held = self.weights(strip_prefix("z_hat", state))
+        step = norm(sub(self.weights(z_hat), held)) if held else 0.0
         if step > 0 or "z_step" not in state:
             return step
         return self.config.progress_fade * float(state["z_step"])

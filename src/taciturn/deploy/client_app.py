@@ -57,6 +57,7 @@ def node_setup(config_text: str, data: tuple[tuple[str, object], ...] = ()) -> N
     # what the server's ClientPipeline gives its algorithm, so both ends compute alike
     algorithm.use_streams(streams)
     algorithm.use_population(data.num_clients, TrustedWeights(config.server, data).total())
+    algorithm.use_buffers(getattr(task, "buffers", frozenset()))  # averaged: local ones are refused
     return NodeSetup(algorithm, streams, data, task.loss, getattr(task, "buffers", frozenset()))
 
 

@@ -20,7 +20,6 @@ import torch
 import torch.nn.functional as F
 
 from taciturn.algorithms import Algorithm, build_algorithm
-from taciturn.algorithms.fedavg import FedAvg
 from taciturn.attacks.label_flip import flip_labels
 from taciturn.attacks.poisoning import pick_attackers
 from taciturn.core.channel import Channel
@@ -231,15 +230,27 @@ def _dataset(config: RunConfig, streams: Streams, objects: UserObjects) -> Array
         raise ConfigError(f"[data] {error}") from None
 
 
-def keep_buffers_local(algorithm: Algorithm, task: Task, deployed: bool) -> None:
-    """``model.buffers = "local"``: FedBN (Li et al., ICLR 2021) through FedAvg's client state."""
-    if not getattr(task, "buffers", None):
+def use_buffers(config: RunConfig, algorithm: Algorithm, task: Task, deployed: bool) -> None:
+    """Tell the algorithm the model's buffers (BatchNorm statistics): averaged (``model.buffers =
+    "federated"``) or kept by each client in its client state (``"local"``: FedBN, Li et al., ICLR
+    2021); refuse what cannot federate them, before any work."""
+    buffers = getattr(task, "buffers", frozenset())
+    local = getattr(config.model, "buffers", "federated") == "local"
+    if local and not buffers:
         raise ConfigError("[model.buffers] 'local' needs a model with buffers (BatchNorm statistics)")
-    if not isinstance(algorithm, FedAvg):
-        raise ConfigError(f"[model.buffers] 'local' (FedBN) runs with 'fedavg', not '{algorithm.name}'")
-    if deployed:
+    if not buffers:
+        return
+    if not algorithm.supports_buffers:
+        raise ConfigError(
+            f"[algorithm.name] '{algorithm.name}' cannot federate a model with buffers (e.g. BatchNorm "
+            f"statistics: {', '.join(sorted(buffers)[:3])}); use fedavg, fedprox, scaffold, fedadmm or "
+            "event_admm, or a model without them (GroupNorm or LayerNorm keep no statistics)"
+        )
+    if config.analysis.enabled:
+        raise ConfigError("[analysis] does not handle models with buffers (BatchNorm statistics) yet")
+    if local and deployed:
         raise ConfigError("[model.buffers] 'local' is not supported by deployed runs yet; use 'federated'")
-    algorithm.keep_buffers_local(task.buffers)
+    algorithm.use_buffers(buffers, local)
 
 
 def prepare(
@@ -274,15 +285,7 @@ def _prepare(
         data = flip_labels(data, pick_attackers(config.attack.fraction, data.num_clients, streams))
     algorithm = build_algorithm(config.algorithm)
     accountant = build_accountant(config, data.num_clients) if config.privacy.enabled else None
-    if getattr(task, "buffers", None) and not algorithm.averages_buffers:
-        raise ConfigError(
-            f"[algorithm.name] '{algorithm.name}' cannot federate a model with buffers (e.g. BatchNorm "
-            f"statistics: {', '.join(sorted(task.buffers)[:3])}); use 'fedavg', or a model without them"
-        )
-    if getattr(task, "buffers", None) and config.analysis.enabled:
-        raise ConfigError("[analysis] does not handle models with buffers (BatchNorm statistics) yet")
-    if getattr(config.model, "buffers", "federated") == "local":
-        keep_buffers_local(algorithm, task, remote is not None)
+    use_buffers(config, algorithm, task, remote is not None)
     ledger = ledger or Ledger()
     channel = Channel(ledger, streams, config.channel.drop_up, config.channel.drop_down)
     federation, store, engine_note = build_federation(
@@ -456,7 +459,7 @@ def _evaluate(
 ) -> dict[str, Any]:
     params = exp.algorithm.global_params(state)
     scores = exp.task.evaluate(params)
-    if local := getattr(exp.algorithm, "local_buffers", None):  # FedBN: each client's own model too
+    if local := exp.algorithm.local_buffers:  # FedBN: each client's own model too
         scores |= local_scores(exp.task, exp.data, exp.store, params, local)
     up, down = exp.ledger.totals(Direction.UP), exp.ledger.totals(Direction.DOWN)
     return {
