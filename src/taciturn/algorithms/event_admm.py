@@ -15,8 +15,9 @@ z_i_hat is the z agent i currently holds, which may be stale. Communication is e
   * randomized variant: when the server stays silent, a random fraction of agents still gets z;
   * Delta_k = Delta * decay^(k-1), a decreasing threshold when decay < 1 (convergence to a
     stationary point needs Delta_k -> 0);
-  * every agent warm-starts its x-update from z_i_hat and keeps its momentum buffer across rounds
-    (the code creates one optimizer per agent);
+  * every agent warm-starts its x-update from z_i_hat and keeps its optimizer's state (momentum
+    buffer, Adam's moments) across rounds (the code creates one optimizer per agent):
+    ``persistent_momentum``, which is ``algorithm.local.optimizer_state = "keep"``;
   * rho_i = rho / (N p_i) with p_i = n_i / n, i.e. f_i weighted by N p_i under a common rho, which
     makes the unweighted mean of x_hat_i + u_i the exact z-update.
 
@@ -97,7 +98,28 @@ class EventADMMConfig(AlgorithmConfig):
     )
     relaxation: float = Field(1.0, gt=0, lt=2, description="over-relaxation alpha")
     reset_every: int | None = Field(None, ge=1, description="full resynchronisation every T_r rounds")
-    persistent_momentum: bool = Field(True, description="keep each agent's momentum buffer across rounds")
+    persistent_momentum: bool | None = Field(
+        None,
+        description="keep each agent's optimizer state across rounds (default true, as the authors' "
+        "code); the same as local.optimizer_state = 'keep'",
+    )
+
+    @model_validator(mode="after")
+    def _persistent_momentum_is_the_kept_optimizer_state(self) -> EventADMMConfig:
+        said = "optimizer_state" in self.local.model_fields_set
+        keep = self.local.optimizer_state == "keep"
+        if self.persistent_momentum is not None and said and keep != self.persistent_momentum:
+            raise ValueError(
+                f"persistent_momentum = {str(self.persistent_momentum).lower()} contradicts "
+                f"local.optimizer_state = '{self.local.optimizer_state}'; set one of them"
+            )
+        persistent = (
+            self.persistent_momentum if self.persistent_momentum is not None else (keep if said else True)
+        )
+        local = self.local.model_copy(update={"optimizer_state": "keep" if persistent else "reset"})
+        object.__setattr__(self, "local", local)
+        object.__setattr__(self, "persistent_momentum", persistent)
+        return self
 
     @model_validator(mode="after")
     def _default_delta_z(self) -> EventADMMConfig:
@@ -182,8 +204,7 @@ class EventADMM(Algorithm):
             u = add(u, sub(strip_prefix("x_hat", state), z_hat))
         else:
             u = {k: torch.zeros_like(v) for k, v in self.weights(z_hat).items()}
-        momentum = strip_prefix("momentum", state) if self.config.persistent_momentum else None
-        return self.x_update(ctx, z_hat, u, momentum or None)
+        return self.x_update(ctx, z_hat, u)
 
     def rho_i(self, ctx: ClientContext) -> float:
         if not self.config.per_agent_rho:
@@ -191,15 +212,13 @@ class EventADMM(Algorithm):
         mean_size = ctx.data.num_samples / ctx.data.num_clients
         return self.config.rho * mean_size / ctx.num_samples  # rho / (N p_i)
 
-    def x_update(
-        self, ctx: ClientContext, z_hat: Params, u: Params, momentum: Params | None
-    ) -> LocalTraining | ClientOutput:
-        """Inexact x-update by local SGD warm-started at z_hat; override for an exact solve."""
+    def x_update(self, ctx: ClientContext, z_hat: Params, u: Params) -> LocalTraining | ClientOutput:
+        """Inexact x-update by local steps warm-started at z_hat (the optimizer's state kept across
+        rounds with persistent_momentum: engine/local_training.py); override for an exact solve."""
         own = strip_prefix("buffers", ctx.state or {}) if self.local_buffers else {}  # FedBN
         return LocalTraining(
             params=z_hat | own,
             consts={"anchor": sub(self.weights(z_hat), u), "z_hat": z_hat, "u": u, "rho": self.rho_i(ctx)},
-            momentum=momentum,
         )
 
     def objective(self, loss: Loss, params: Params, batch: Any, consts: Consts) -> torch.Tensor:
@@ -209,9 +228,7 @@ class EventADMM(Algorithm):
         return loss(params, batch) + 0.5 * consts["rho"] * sq_distance(weights, anchor)
 
     def client_end(self, ctx: ClientContext, work: LocalTraining, result: TrainResult) -> ClientOutput:
-        return self.finish(
-            ctx, work.consts["z_hat"], work.consts["u"], result.params, result.momentum, loss_meta(result)
-        )
+        return self.finish(ctx, work.consts["z_hat"], work.consts["u"], result.params, loss_meta(result))
 
     def finish(
         self,
@@ -219,7 +236,6 @@ class EventADMM(Algorithm):
         z_hat: Params,
         u: Params,
         x: Params,
-        momentum: Params | None,
         meta: dict[str, Any],
     ) -> ClientOutput:
         """Relax, apply the uplink trigger and write the agent's state."""
@@ -242,8 +258,6 @@ class EventADMM(Algorithm):
             **with_prefix("last", v if send else last),
             **with_prefix("buffers", {n: statistics[n] for n in self.local_buffers}),
         }
-        if momentum is not None and self.config.persistent_momentum:
-            state.update(with_prefix("momentum", momentum))
         if self.config.trigger == "progress":
             state["z_step"] = torch.tensor(z_step, dtype=torch.float64)
         return ClientOutput(

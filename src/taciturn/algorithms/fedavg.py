@@ -6,7 +6,7 @@ minibatch SGD from w_t and returns its model; the server sets w_{t+1} = sum_k (n
 Clients here send the delta w^k - w_t (same bytes) so that the server can take a step
 w_{t+1} = w_t + eta_s * sum_k (n_k / n) (w^k - w_t) with a server learning rate eta_s
 (Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Alg. 1 with server SGD);
-eta_s = 1 is the paper's FedAvg exactly.
+eta_s = 1 is the paper's FedAvg exactly; ``server_schedule`` varies eta_s over rounds.
 
 Buffers (BatchNorm running statistics) travel with the weights and are averaged with the same
 weights n_k / n; the server learning rate moves only the weights (Algorithm.server_step).
@@ -42,6 +42,7 @@ from taciturn.algorithms.base import (
     positive_count,
     specs_of,
 )
+from taciturn.algorithms.schedule import Schedule
 from taciturn.core.message import Message
 from taciturn.core.params import Params, clone, strip_prefix, weighted_sum, with_prefix
 
@@ -51,6 +52,7 @@ class FedAvgConfig(AlgorithmConfig):
     server_lr: float = Field(
         1.0, gt=0, le=MAX_LR, description="server step on the averaged delta (1 = plain FedAvg)"
     )
+    server_schedule: Schedule = Field(Schedule(), description="server_lr over rounds (algorithms/schedule.py)")
 
 
 @dataclass
@@ -116,7 +118,8 @@ class FedAvg(Algorithm):
         if accumulated.total is None:  # nothing arrived
             return state
         mean_delta = {k: v / accumulated.weight for k, v in accumulated.total.items()}
-        stepped = self.server_step(state.params, mean_delta, self.config.server_lr)
+        lr = self.config.server_lr * self.config.server_schedule.factor(round - 1)
+        stepped = self.server_step(state.params, mean_delta, lr)
         return FedAvgState(state.params | stepped)  # FedBN: local buffers were not sent, the server's stay
 
     def global_params(self, state: FedAvgState) -> Params:

@@ -63,6 +63,7 @@ from taciturn.algorithms.base import (
     positive_count,
     specs_of,
 )
+from taciturn.algorithms.schedule import Schedule
 from taciturn.core.message import Message
 from taciturn.core.params import (
     Params,
@@ -83,6 +84,7 @@ class ScaffoldConfig(AlgorithmConfig):
     name: Literal["scaffold"] = "scaffold"
     option: Literal["I", "II"] = Field("II", description="control-variate update (Alg. 1, line 12)")
     server_lr: float = Field(1.0, gt=0, le=MAX_LR, description="eta_g")
+    server_schedule: Schedule = Field(Schedule(), description="eta_g over rounds (algorithms/schedule.py)")
     weighting: Literal["uniform", "samples"] = Field(
         "samples",
         description="p_i = 1/N (the paper) or n_i/n (FedAvg's sample weights) for both x and c",
@@ -189,7 +191,8 @@ class Scaffold(Algorithm):
         if accumulated.dy is None:
             return state
         dx = {k: v / accumulated.weight for k, v in accumulated.dy.items()}  # weighted mean of dy
-        x = state.params | self.server_step(state.params, dx, self.config.server_lr)
+        lr = self.config.server_lr * self.config.server_schedule.factor(round - 1)
+        x = state.params | self.server_step(state.params, dx, lr)
         return ScaffoldState(x, add(state.control, accumulated.dc))
 
     def global_params(self, state: ScaffoldState) -> Params:

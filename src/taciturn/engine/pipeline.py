@@ -39,6 +39,7 @@ from taciturn.core.ledger import Direction
 from taciturn.core.message import Message
 from taciturn.core.rng import SERVER, Streams
 from taciturn.core.state_store import ClientState, ClientStateStore
+from taciturn.engine.local_training import keep_optimizer, split_state
 from taciturn.engine.trust import TrustConfig, TrustedWeights
 from taciturn.engine.validation import uplink_problem
 from taciturn.privacy.gaussian import LocalGaussian
@@ -113,16 +114,18 @@ class ClientPipeline:
 
     def context(self, round: int, client: int, message: Message | None) -> ClientContext:
         received = None if message is None else self.channel.send(Direction.DOWN, round, client, message)
+        state, optimizer_state = split_state(self.store.get(client))  # the algorithm sees its own part
         return ClientContext(
             client,
             round,
             received,
-            self.store.get(client),
+            state,
             self.data.client_size(client),
             self.streams,
             self.data,
             self.loss,
             self.buffers,
+            optimizer_state,
         )
 
     def serve(
@@ -153,7 +156,9 @@ class ClientPipeline:
                 outputs[i] = _failed(contexts[i], result)
                 continue
             try:
-                outputs[i] = algorithm.client_end(contexts[i], work, result)
+                outputs[i] = keep_optimizer(
+                    algorithm, contexts[i], algorithm.client_end(contexts[i], work, result), result
+                )
             except Exception as error:
                 outputs[i] = _failed(contexts[i], error)
         return self._collect(round, contexts, outputs, spec)

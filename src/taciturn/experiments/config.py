@@ -517,6 +517,19 @@ class RunConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _schedules_span_the_run(self) -> RunConfig:
+        """A schedule over rounds without its own horizon spans the run's rounds (written into the
+        resolved config, so the run directory says what was used)."""
+        algorithm, local = self.algorithm, self.algorithm.local
+        if not local.round_schedule.constant and local.round_schedule.steps is None:
+            spanned = local.round_schedule.model_copy(update={"steps": self.rounds})
+            object.__setattr__(algorithm, "local", local.model_copy(update={"round_schedule": spanned}))
+        server = getattr(algorithm, "server_schedule", None)
+        if server is not None and not server.constant and server.steps is None:
+            object.__setattr__(algorithm, "server_schedule", server.model_copy(update={"steps": self.rounds}))
+        return self
+
+    @model_validator(mode="after")
     def _twin_steps(self) -> RunConfig:
         if self.analysis.centralized and self.algorithm.local.steps is None:
             raise ValueError(
