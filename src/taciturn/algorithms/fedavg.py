@@ -52,7 +52,7 @@ class FedAvgConfig(AlgorithmConfig):
     server_lr: float = Field(
         1.0, gt=0, le=MAX_LR, description="server step on the averaged delta (1 = plain FedAvg)"
     )
-    server_schedule: Schedule = Field(Schedule(), description="server_lr over rounds (algorithms/schedule.py)")
+    server_schedule: Schedule = Field(Schedule(), description="server_lr over rounds (schedule.py)")
 
 
 @dataclass
