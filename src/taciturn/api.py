@@ -47,6 +47,11 @@ class Result:
         """The trained global model as an instance of the run's model class (a copy of the one given)."""
         return load_model(self.dir, self.objects.model)
 
+    @property
+    def best_model(self) -> nn.Module:
+        """The best model the run kept (``[checkpoint] best = "<metric>"``), as ``model`` is the last."""
+        return load_model(self.dir, self.objects.model, best=True)
+
 
 def _describe(value: Any) -> str:
     kind = type(value)
@@ -151,7 +156,9 @@ def export(
     round: int | None = None,
     model: nn.Module | None = None,
     overwrite: bool = False,
+    best: bool = False,
 ) -> Path:
-    """Write the run's global model (of its last checkpoint, or of ``round``): a safetensors
-    state_dict for ``model.load_state_dict``, or a Hugging Face ``save_pretrained`` folder ("hf")."""
-    return _export(run_dir, out, format, round, model, overwrite)
+    """Write the run's global model (of its last checkpoint, of ``round``, or with ``best`` the best
+    one kept): a safetensors state_dict for ``model.load_state_dict``, or a Hugging Face
+    ``save_pretrained`` folder ("hf")."""
+    return _export(run_dir, out, format, round, model, overwrite, best)

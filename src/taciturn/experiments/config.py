@@ -340,6 +340,37 @@ class EvalConfig(StrictModel):
 class CheckpointConfig(StrictModel):
     every: int = Field(10, ge=1, description="write a checkpoint every k rounds (and after the last)")
     keep: int = Field(2, ge=1, description="how many recent checkpoints to keep")
+    best: str | None = Field(
+        None, min_length=1, description="keep the model with the best value of this metrics column in best/"
+    )
+    best_mode: Literal["min", "max"] | None = Field(
+        None, description="whether lower or higher is better (default: losses min, accuracies max)"
+    )
+
+    @model_validator(mode="after")
+    def _known_direction(self) -> CheckpointConfig:
+        from taciturn.experiments.best import direction
+
+        if self.best is not None:
+            object.__setattr__(self, "best_mode", direction(self.best, self.best_mode))
+        return self
+
+
+class StopConfig(StrictModel):
+    """Early stopping: end the run when ``metric`` has not improved for ``patience`` evaluations."""
+
+    metric: str | None = Field(None, min_length=1, description="the metrics column to watch (unset: off)")
+    mode: Literal["min", "max"] | None = Field(None, description="default: losses min, accuracies max")
+    patience: int = Field(5, ge=1, description="evaluations (eval.every rounds apart) without improvement")
+    min_delta: float = Field(0.0, ge=0, description="an improvement must beat the best by more than this")
+
+    @model_validator(mode="after")
+    def _known_direction(self) -> StopConfig:
+        from taciturn.experiments.best import direction
+
+        if self.metric is not None:
+            object.__setattr__(self, "mode", direction(self.metric, self.mode))
+        return self
 
 
 _DEFAULT_TAGS = (
@@ -406,6 +437,7 @@ class RunConfig(StrictModel):
     channel: ChannelConfig = ChannelConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    stop: StopConfig = StopConfig()
     engine: EngineConfig = EngineConfig()
     analysis: AnalysisConfig = AnalysisConfig()
     server: TrustConfig = TrustConfig()

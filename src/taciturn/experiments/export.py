@@ -20,6 +20,7 @@ from taciturn.algorithms import build_algorithm
 from taciturn.core.params import Params
 from taciturn.core.rng import Streams
 from taciturn.experiments import checkpoint
+from taciturn.experiments.best import read_best
 from taciturn.experiments.config import ConfigError, RunConfig, load_config
 from taciturn.report.rundir import RunDir, RunDirError
 
@@ -66,14 +67,21 @@ def _federated_config(rundir: RunDir) -> RunConfig:
     return config
 
 
-def state_dict(path: Path | str, round: int | None = None) -> tuple[int, Params]:
-    """The global model of a checkpoint (the last one by default) as a state_dict, and its round."""
+def state_dict(path: Path | str, round: int | None = None, best: bool = False) -> tuple[int, Params]:
+    """The global model of a checkpoint (the last one by default), or the best model kept
+    ([checkpoint] best), as a state_dict, and its round."""
     rundir = RunDir(path)
     config = _federated_config(rundir)
-    round, folder = _checkpoint(rundir, round)
-    algorithm = build_algorithm(config.algorithm)
-    algorithm.use_streams(Streams(config.seed))
-    params = algorithm.global_params(checkpoint.load_server(folder, algorithm))
+    if best:
+        if round is not None:
+            raise ConfigError("--best and --round name different models: give one of them")
+        kept, params = read_best(rundir.path)
+        round = int(kept["round"])
+    else:
+        round, folder = _checkpoint(rundir, round)
+        algorithm = build_algorithm(config.algorithm)
+        algorithm.use_streams(Streams(config.seed))
+        params = algorithm.global_params(checkpoint.load_server(folder, algorithm))
     record = json.loads(rundir.info.read_text()).get("model", {}) if rundir.info.exists() else {}
     fixed = {
         name: torch.tensor(b["value"], dtype=getattr(torch, b["dtype"]))
@@ -87,13 +95,16 @@ def state_dict(path: Path | str, round: int | None = None) -> tuple[int, Params]
     return round, weights
 
 
-def load_model(path: Path | str, model: nn.Module | None = None, round: int | None = None) -> nn.Module:
-    """The trained global model: a copy of ``model`` (the user's own, for runs given a Python object)
-    with the run's weights, or the model the config builds (built-in kinds, model.factory)."""
+def load_model(
+    path: Path | str, model: nn.Module | None = None, round: int | None = None, best: bool = False
+) -> nn.Module:
+    """The trained global model (or the best one kept): a copy of ``model`` (the user's own, for runs
+    given a Python object) with the run's weights, or the model the config builds (built-in kinds,
+    model.factory)."""
     rundir = RunDir(path)
     config = _federated_config(rundir)
     model = build_model_of(config, rundir) if model is None else copy.deepcopy(model)
-    _, weights = state_dict(path, round)
+    _, weights = state_dict(path, round, best)
     model.load_state_dict(weights)
     return model.eval()
 
@@ -130,16 +141,18 @@ def export(
     round: int | None = None,
     model: nn.Module | None = None,
     overwrite: bool = False,
+    best: bool = False,
 ) -> Path:
-    """Write the run's global model to ``out``: a .safetensors state_dict, or (format "hf") a
-    Hugging Face ``save_pretrained`` folder. An existing file is replaced only with ``overwrite``."""
+    """Write the run's global model (``best``: the best one kept) to ``out``: a .safetensors
+    state_dict, or (format "hf") a Hugging Face ``save_pretrained`` folder. An existing file is
+    replaced only with ``overwrite``."""
     out = Path(out)
     if format not in FORMATS:
         raise ConfigError(f"--format {format!r}: choose one of {', '.join(FORMATS)}")
     if out.exists() and not (overwrite and (out.is_file() or format == "hf")):
         raise RunDirError(f"{out} exists; choose another --out, or pass --overwrite to replace it")
     if format == "hf":
-        trained = load_model(path, model, round)
+        trained = load_model(path, model, round, best)
         if not hasattr(trained, "save_pretrained"):
             raise ConfigError(
                 f"--format hf needs a Hugging Face model; this run's is a {type(trained).__name__}"
@@ -148,7 +161,7 @@ def export(
         return out
     from safetensors.torch import save_file
 
-    _, weights = state_dict(path, round)
+    _, weights = state_dict(path, round, best)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_file(weights, str(out))
     return out

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from taciturn.algorithms import Algorithm, build_algorithm
 from taciturn.attacks.label_flip import flip_labels
 from taciturn.attacks.poisoning import pick_attackers
+from taciturn.core import device
 from taciturn.core.channel import Channel
 from taciturn.core.device import DeviceError, resolve, use
 from taciturn.core.ledger import Direction, Ledger
@@ -33,6 +34,7 @@ from taciturn.data.partition import partition
 from taciturn.engine.analysis import Analysis, TwinState
 from taciturn.engine.federation import Federation, RoundReport
 from taciturn.experiments import checkpoint, memory
+from taciturn.experiments.best import BestModel, EarlyStop, check_columns
 from taciturn.experiments.config import ConfigError, RunConfig, load_config, to_toml
 from taciturn.experiments.engine_setup import DEPLOYED, ExecutorFactory, build_federation, start_ray
 from taciturn.experiments.export import model_record
@@ -94,6 +96,8 @@ class Experiment:
     engine_note: str  # which executor and store, and why
     analysis: Analysis | None = None
     accountant: Any = None  # privacy/accountant.py Accountant when [privacy] is on
+    best: BestModel | None = None  # [checkpoint] best: the best model so far, kept in best/
+    stop: EarlyStop | None = None  # [stop]: early stopping
 
 
 def build_task(
@@ -305,9 +309,11 @@ def _prepare(
         if config.analysis.enabled
         else None
     )
+    rundir = RunDir(out)
+    watched = config.checkpoint.best, config.stop.metric
     return Experiment(
         config,
-        RunDir(out),
+        rundir,
         streams,
         data,
         task,
@@ -318,6 +324,10 @@ def _prepare(
         engine_note,
         analysis,
         accountant,
+        None if watched[0] is None else BestModel(watched[0], config.checkpoint.best_mode, rundir),
+        None
+        if watched[1] is None
+        else EarlyStop(watched[1], config.stop.mode, config.stop.patience, config.stop.min_delta),
     )
 
 
@@ -381,17 +391,20 @@ def start(
     with rundir.lock():
         rundir.check_free(overwrite)
         exp = prepare(config, out, objects=objects, remote=remote)  # all that can fail on config or data
-        rundir.reset(to_toml(config))
-        info = {"primary_metric": exp.task.primary_metric, "engine": exp.engine_note}
-        rundir.info.write_text(json.dumps(info | model_record(exp.task, exp.data)))
-        _write_partition(exp)
         params = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))
         state = exp.algorithm.init_server(params, exp.data.num_clients)
         if exp.analysis is not None:
             exp.analysis.begin(params)
-        counters = {"round": 0, "wall_s": 0.0, "rejected": 0, "failed": 0, "skipped": 0}
-        row = _evaluate(exp, state, counters, None)
-        RunDir.append_jsonl(rundir.metrics, _with_analysis(exp, state, row))
+        counters: dict[str, Any] = {"round": 0, "wall_s": 0.0, "rejected": 0, "failed": 0, "skipped": 0}
+        row = _with_analysis(exp, state, _evaluate(exp, state, counters, None))
+        _check_watched(exp, row)  # a column that does not exist fails before the folder is written
+        rundir.reset(to_toml(config))
+        info = {"primary_metric": exp.task.primary_metric, "engine": exp.engine_note}
+        info["device"] = str(device.current())  # what engine.device = "auto" resolved to
+        rundir.info.write_text(json.dumps(info | model_record(exp.task, exp.data)))
+        _write_partition(exp)
+        RunDir.append_jsonl(rundir.metrics, row)
+        _watch(exp, state, row, counters)
         return _loop(exp, state, counters, progress, callbacks)
 
 
@@ -489,6 +502,30 @@ def _with_analysis(exp: Experiment, state: Any, row: dict[str, Any]) -> dict[str
     return row | exp.analysis.metrics(exp.algorithm.global_params(state))
 
 
+def _check_watched(exp: Experiment, row: dict[str, Any]) -> None:
+    """[checkpoint] best and [stop] metric name columns the rows will have (round 0's, the training
+    loss, and FedBN's local_ scores, which appear once clients hold statistics)."""
+    local = [
+        f"local_{k}" for k in row if exp.algorithm.local_buffers and k in ("loss", exp.task.primary_metric)
+    ]
+    wanted = {"checkpoint.best": exp.config.checkpoint.best, "stop.metric": exp.config.stop.metric}
+    try:
+        check_columns({k: v for k, v in wanted.items() if v is not None}, [*row, "train_loss", *local])
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def _watch(exp: Experiment, state: Any, row: dict[str, Any], counters: dict[str, Any]) -> None:
+    """Keep the best model and decide on early stopping after an evaluation (counters are checkpointed)."""
+    if exp.best is not None:
+        exp.best.seen(row, exp.algorithm.global_params(state), counters)
+    if exp.stop is not None and (why := exp.stop.seen(row, counters)) is not None:
+        counters["stopped"] = {"round": row["round"], "reason": why}
+        log.info("stopping early after round %d: %s", row["round"], why)
+        info = json.loads(exp.rundir.info.read_text())
+        exp.rundir.info.write_text(json.dumps(info | {"stopped": counters["stopped"]}))
+
+
 def _record_events(rundir: RunDir, report: RoundReport) -> None:
     for kind, items in (("rejected", report.rejected), ("failed", report.failed)):
         for client, reason in items:
@@ -527,6 +564,8 @@ def _loop(
             config.rounds, counters["round"], enabled=progress, metric=exp.task.primary_metric
         ) as bar:
             for round in range(counters["round"] + 1, config.rounds + 1):
+                if counters.get("stopped"):  # a resumed run that had stopped early
+                    break
                 started = time.perf_counter()
                 started_from = state
                 state, report = exp.federation.run_round(state, round)
@@ -554,7 +593,9 @@ def _loop(
                     if not warned and (why := divergence([first or row, row])):
                         log.warning(why)
                         warned = True
-                if round % config.checkpoint.every == 0 or round == config.rounds:
+                    _watch(exp, state, row, counters)
+                last_round = round == config.rounds or "stopped" in counters
+                if round % config.checkpoint.every == 0 or last_round:
                     extras = {} if exp.analysis is None else exp.analysis.checkpoint_extras()
                     if exp.federation.aggregation is not None:
                         extras |= exp.federation.aggregation.checkpoint_extras()
@@ -567,6 +608,8 @@ def _loop(
                 bar.update(round, row, exp.ledger)
                 for callback in callbacks:
                     callback(RoundEnd(round, row, report, state, exp.algorithm))
+                if "stopped" in counters:
+                    break
         last = rundir.read_metrics()[-1:]
         log.info("finished: %s", row_line(last[0], exp.task.primary_metric) if last else "no evaluation")
     finally:

@@ -75,7 +75,9 @@ def write_report(rundir: RunDir) -> Path:
     parts = [f"<h1>taciturn run: {html.escape(rundir.path.name)}</h1>"]
     if why := divergence(rows):
         parts.append(f'<p style="color:#b00;font-weight:bold">Warning: {html.escape(why)}</p>')
-    parts.append(table(["", "value"], [[k, v] for k, v in summary(rows, metric).items()]))
+    parts.append(
+        table(["", "value"], [[k, v] for k, v in summary(rows, metric).items()] + _run_facts(rundir))
+    )
     parts += [
         "<h2>Accuracy</h2>",
         image(images["accuracy"]),
@@ -146,6 +148,30 @@ def write_report(rundir: RunDir) -> Path:
         f"<pre>{html.escape(rundir.config.read_text())}</pre>",
     ]
     return page(rundir.report, f"taciturn: {rundir.path.name}", parts)
+
+
+def _run_facts(rundir: RunDir) -> list[list]:
+    """Where the run trained, whether it stopped early, and the best model it kept (run.json, best/)."""
+    facts: list[list] = []
+    try:
+        info = json.loads(rundir.info.read_text()) if rundir.info.exists() else {}
+        kept = rundir.path / "best" / "best.json"
+        best = json.loads(kept.read_text()) if kept.is_file() else None
+    except ValueError:
+        return facts
+    if isinstance(info, dict) and isinstance(info.get("device"), str):
+        facts.append(["device", info["device"]])
+    stopped = info.get("stopped") if isinstance(info, dict) else None
+    if isinstance(stopped, dict):
+        facts.append(["stopped early", f"after round {stopped.get('round')}: {stopped.get('reason')}"])
+    if isinstance(best, dict):
+        facts.append(
+            [
+                "best model kept (best/)",
+                f"{best.get('metric')} {_number(best.get('value'))} at round {best.get('round')}",
+            ]
+        )
+    return facts
 
 
 def _histogram_table(part: dict, max_clients: int = 100) -> str:
