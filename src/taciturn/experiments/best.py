@@ -42,7 +42,10 @@ def direction(metric: str, mode: str | None) -> Literal["min", "max"]:
         return "min"
     if any(word in name for word in HIGHER):
         return "max"
-    raise ValueError(f"cannot tell whether {metric!r} is better high or low: set its mode to 'min' or 'max'")
+    raise ValueError(
+        f"cannot tell whether {metric!r} is better high or low: set its mode ([checkpoint] best_mode, "
+        "[stop] mode) to 'min' or 'max'"
+    )
 
 
 def check_columns(wanted: dict[str, str], columns: Iterable[str]) -> None:

@@ -6,6 +6,7 @@ names the key and the file. ``--set key=value`` overrides are applied before val
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import re
 import tomllib
@@ -351,8 +352,9 @@ class CheckpointConfig(StrictModel):
     def _known_direction(self) -> CheckpointConfig:
         from taciturn.experiments.best import direction
 
-        if self.best is not None:
-            object.__setattr__(self, "best_mode", direction(self.best, self.best_mode))
+        if self.best is not None:  # a name that tells nothing is resolved once its column is known
+            with contextlib.suppress(ValueError):
+                object.__setattr__(self, "best_mode", direction(self.best, self.best_mode))
         return self
 
 
@@ -368,8 +370,9 @@ class StopConfig(StrictModel):
     def _known_direction(self) -> StopConfig:
         from taciturn.experiments.best import direction
 
-        if self.metric is not None:
-            object.__setattr__(self, "mode", direction(self.metric, self.mode))
+        if self.metric is not None:  # a name that tells nothing is resolved once its column is known
+            with contextlib.suppress(ValueError):
+                object.__setattr__(self, "mode", direction(self.metric, self.mode))
         return self
 
 

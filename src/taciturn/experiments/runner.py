@@ -310,7 +310,6 @@ def _prepare(
         else None
     )
     rundir = RunDir(out)
-    watched = config.checkpoint.best, config.stop.metric
     return Experiment(
         config,
         rundir,
@@ -324,10 +323,6 @@ def _prepare(
         engine_note,
         analysis,
         accountant,
-        None if watched[0] is None else BestModel(watched[0], config.checkpoint.best_mode, rundir),
-        None
-        if watched[1] is None
-        else EarlyStop(watched[1], config.stop.mode, config.stop.patience, config.stop.min_delta),
     )
 
 
@@ -397,7 +392,7 @@ def start(
             exp.analysis.begin(params)
         counters: dict[str, Any] = {"round": 0, "wall_s": 0.0, "rejected": 0, "failed": 0, "skipped": 0}
         row = _with_analysis(exp, state, _evaluate(exp, state, counters, None))
-        _check_watched(exp, row)  # a column that does not exist fails before the folder is written
+        _watchers(exp, row)  # a column that does not exist fails before the folder is written
         rundir.reset(to_toml(config))
         info = {"primary_metric": exp.task.primary_metric, "engine": exp.engine_note}
         info["device"] = str(device.current())  # what engine.device = "auto" resolved to
@@ -449,6 +444,7 @@ def resume(
         if exp.federation.aggregation is not None:
             chain = checkpoint.load_extra(folder, "server_chain", ChainState({}))
             exp.federation.aggregation.restore(chain)
+        _watchers(exp, None)
         executor = exp.federation.executor
         executor.checkpointed(
             {
@@ -502,15 +498,22 @@ def _with_analysis(exp: Experiment, state: Any, row: dict[str, Any]) -> dict[str
     return row | exp.analysis.metrics(exp.algorithm.global_params(state))
 
 
-def _check_watched(exp: Experiment, row: dict[str, Any]) -> None:
-    """[checkpoint] best and [stop] metric name columns the rows will have (round 0's, the training
-    loss, and FedBN's local_ scores, which appear once clients hold statistics)."""
-    local = [
-        f"local_{k}" for k in row if exp.algorithm.local_buffers and k in ("loss", exp.task.primary_metric)
-    ]
-    wanted = {"checkpoint.best": exp.config.checkpoint.best, "stop.metric": exp.config.stop.metric}
+def _watchers(exp: Experiment, row: dict[str, Any] | None) -> None:
+    """The best model's keeper and early stopping, when configured. At the start, ``row`` (round 0's)
+    checks that [checkpoint] best and [stop] metric name columns the rows will have (its own, the
+    training loss, and FedBN's local_ scores, which appear once clients hold statistics)."""
+    config = exp.config
+    wanted = {"checkpoint.best": config.checkpoint.best, "stop.metric": config.stop.metric}
     try:
-        check_columns({k: v for k, v in wanted.items() if v is not None}, [*row, "train_loss", *local])
+        if row is not None:
+            primary = ("loss", exp.task.primary_metric)
+            local = [f"local_{k}" for k in row if exp.algorithm.local_buffers and k in primary]
+            check_columns({k: v for k, v in wanted.items() if v is not None}, [*row, "train_loss", *local])
+        if config.checkpoint.best is not None:
+            exp.best = BestModel(config.checkpoint.best, config.checkpoint.best_mode, exp.rundir)
+        if config.stop.metric is not None:
+            stop = config.stop
+            exp.stop = EarlyStop(stop.metric, stop.mode, stop.patience, stop.min_delta)
     except ValueError as error:
         raise ConfigError(str(error)) from None
 
