@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,llm,hf,ray,flower,dp,secagg]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,llm,hf,ray,flower,dp,secagg,tensorboard,mlflow]'
 	touch $(STAMP)
 
 install: $(STAMP)

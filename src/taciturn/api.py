@@ -26,6 +26,7 @@ from taciturn.experiments import types
 from taciturn.experiments.config import ConfigError, read_tree
 from taciturn.experiments.export import export as _export
 from taciturn.experiments.export import load_model
+from taciturn.experiments.progress import show_progress
 from taciturn.experiments.user import UserObjects
 from taciturn.report.rundir import RunDir
 
@@ -109,7 +110,7 @@ def run(
     metrics: Mapping[str, Callable] | None = None,
     out: str | Path | None = None,
     overwrite: bool = False,
-    progress: bool = False,
+    progress: bool | None = None,
     report: bool = True,
 ) -> Result:
     """Run a federated experiment, as ``taciturn run`` does, into ``out`` (default runs/<name>).
@@ -118,6 +119,8 @@ def run(
     dataset (a (train, test) pair, a DatasetDict, or one set of which a seeded 10% is held out).
     ``loss(outputs, targets)`` returns a batch's mean loss; ``metrics`` maps names to
     ``metric(outputs, targets)`` (per-sample values or a batch mean), reported every evaluation.
+    ``progress``: a progress bar (rich) of rounds, the leading metric and bytes; by default shown in
+    a terminal or a notebook, not when the output goes to a file; False silences it.
     """
     objects = _objects(model, data, loss, metrics)
     tree, source = _tree(config)
@@ -129,6 +132,7 @@ def run(
         raise ConfigError(f"model=, data= and loss= apply to federated runs, not to type = '{parsed.type}'")
     out = Path(out or Path("runs") / parsed.name)
     options = {"objects": objects} if given else {}
+    progress = show_progress() if progress is None else progress
     rundir = types.start(parsed, out, report=report, overwrite=overwrite, progress=progress, **options)
     return Result(rundir.path, objects)
 
@@ -139,12 +143,13 @@ def resume(
     data: Any = None,
     loss: Callable | None = None,
     metrics: Mapping[str, Callable] | None = None,
-    progress: bool = False,
+    progress: bool | None = None,
     report: bool = True,
 ) -> Result:
     """Continue a run from its last checkpoint; runs given Python objects need them again."""
     objects = _objects(model, data, loss, metrics)
     options = {"objects": objects} if _any(objects) else {}
+    progress = show_progress() if progress is None else progress
     rundir = types.resume(Path(run_dir), report=report, progress=progress, **options)
     return Result(rundir.path, objects)
 

@@ -25,6 +25,7 @@ from taciturn.attacks.config import AttackConfig
 from taciturn.core.errors import TaciturnError
 from taciturn.engine.analysis import AnalysisConfig
 from taciturn.engine.trust import TrustConfig
+from taciturn.experiments.tracking import TrackingConfig
 from taciturn.privacy.config import PrivacyConfig
 from taciturn.secagg.config import SecAggConfig
 from taciturn.server.config import AggregationConfig
@@ -441,6 +442,7 @@ class RunConfig(StrictModel):
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     stop: StopConfig = StopConfig()
+    tracking: TrackingConfig = TrackingConfig()
     engine: EngineConfig = EngineConfig()
     analysis: AnalysisConfig = AnalysisConfig()
     server: TrustConfig = TrustConfig()

@@ -40,6 +40,7 @@ from taciturn.experiments.engine_setup import DEPLOYED, ExecutorFactory, build_f
 from taciturn.experiments.export import model_record
 from taciturn.experiments.local_eval import local_scores
 from taciturn.experiments.progress import RoundProgress
+from taciturn.experiments.tracking import Trackers, check_installed
 from taciturn.experiments.user import (
     UserObjects,
     check_fit,
@@ -98,6 +99,7 @@ class Experiment:
     accountant: Any = None  # privacy/accountant.py Accountant when [privacy] is on
     best: BestModel | None = None  # [checkpoint] best: the best model so far, kept in best/
     stop: EarlyStop | None = None  # [stop]: early stopping
+    trackers: Trackers | None = None  # [tracking]: TensorBoard, MLflow
 
 
 def build_task(
@@ -290,6 +292,8 @@ def _prepare(
     algorithm = build_algorithm(config.algorithm)
     accountant = build_accountant(config, data.num_clients) if config.privacy.enabled else None
     use_buffers(config, algorithm, task, remote is not None)
+    if (missing := check_installed(config.tracking)) is not None:
+        raise ConfigError(missing)
     ledger = ledger or Ledger()
     channel = Channel(ledger, streams, config.channel.drop_up, config.channel.drop_down)
     federation, store, engine_note = build_federation(
@@ -399,7 +403,10 @@ def start(
         rundir.info.write_text(json.dumps(info | model_record(exp.task, exp.data)))
         _write_partition(exp)
         RunDir.append_jsonl(rundir.metrics, row)
+        _start_trackers(exp, None)
         _watch(exp, state, row, counters)
+        if exp.trackers is not None:
+            exp.trackers.log(row)
         return _loop(exp, state, counters, progress, callbacks)
 
 
@@ -445,6 +452,7 @@ def resume(
             chain = checkpoint.load_extra(folder, "server_chain", ChainState({}))
             exp.federation.aggregation.restore(chain)
         _watchers(exp, None)
+        _start_trackers(exp, round)
         executor = exp.federation.executor
         executor.checkpointed(
             {
@@ -518,6 +526,14 @@ def _watchers(exp: Experiment, row: dict[str, Any] | None) -> None:
         raise ConfigError(str(error)) from None
 
 
+def _start_trackers(exp: Experiment, resumed: int | None) -> None:
+    """[tracking]'s TensorBoard and MLflow (``resumed``: the checkpoint's round a resume starts from)."""
+    tracking = exp.config.tracking
+    if tracking.tensorboard or tracking.mlflow:
+        tree = exp.config.model_dump(mode="json", exclude_none=True)
+        exp.trackers = Trackers(tracking, exp.rundir, exp.config.name, tree, resumed)
+
+
 def _watch(exp: Experiment, state: Any, row: dict[str, Any], counters: dict[str, Any]) -> None:
     """Keep the best model and decide on early stopping after an evaluation (counters are checkpointed)."""
     if exp.best is not None:
@@ -561,7 +577,7 @@ def _loop(
         config.rounds,
     )
     first = next(iter(rundir.read_metrics()), None)  # round 0: the loss divergence is measured against
-    warned = False
+    warned = finished = False
     try:
         with RoundProgress(
             config.rounds, counters["round"], enabled=progress, metric=exp.task.primary_metric
@@ -592,6 +608,8 @@ def _loop(
                     counters["wall_s"] += time.perf_counter() - started
                     row = _with_analysis(exp, state, row)
                     RunDir.append_jsonl(rundir.metrics, row)
+                    if exp.trackers is not None:
+                        exp.trackers.log(row)
                     log.info(row_line(row, exp.task.primary_metric))
                     if not warned and (why := divergence([first or row, row])):
                         log.warning(why)
@@ -615,8 +633,11 @@ def _loop(
                     break
         last = rundir.read_metrics()[-1:]
         log.info("finished: %s", row_line(last[0], exp.task.primary_metric) if last else "no evaluation")
+        finished = True
     finally:
         exp.federation.executor.close()
+        if exp.trackers is not None:
+            exp.trackers.close(failed=not finished)
         log.removeHandler(handler)
         handler.close()
     return rundir

@@ -51,6 +51,7 @@ OWNED_FILES = (
     "mdp.safetensors",
     "client_state.bin",
     "client_state.layout.json",
+    "mlflow.db",  # [tracking] mlflow's default store
 )
 # Folders of files taciturn writes (by name pattern): the best model ([checkpoint] best), TensorBoard's
 # event files ([tracking]); MLflow's store keeps every run, so an overwritten run adds one there.
