@@ -118,3 +118,23 @@ def test_the_cli_exports_the_best_model(tmp_path):
     bare = tmp_path / "bare"
     start(tiny_config(rounds=1), bare, progress=False)
     assert main(["export", str(bare), "--out", str(tmp_path / "n.safetensors"), "--best"]) == 2
+
+
+def test_your_first_metric_leads_the_report_and_every_metric_is_in_its_table(tmp_path):
+    """metrics= on class labels: the first one leads (run.json, summary, plots), accuracy follows,
+    and report.html's metrics table has a column for each; run.json records the resolved device."""
+    x, y = torch.randn(80, 4), torch.arange(80) % 3
+
+    def top2(outputs, targets):
+        return (outputs.topk(2, dim=1).indices == targets[:, None]).any(dim=1).float()
+
+    config = {"rounds": 2, "partition": {"kind": "iid", "num_clients": 2}}
+    result = taciturn.run(
+        config, model=torch.nn.Linear(4, 3), data=(x, y, x, y), metrics={"top2": top2}, out=tmp_path / "r"
+    )
+    info = json.loads((result.dir / "run.json").read_text())
+    assert info["primary_metric"] == "top2" and info["device"] == "cpu"
+    page = (result.dir / "report.html").read_text()
+    assert "final top2" in page and "<th>top2</th>" in page and "<th>accuracy</th>" in page
+    assert "<td>device</td>" in page
+    assert list(result.metrics[-1]).index("top2") < list(result.metrics[-1]).index("accuracy")

@@ -145,8 +145,9 @@ def check_fit(
 def default_metrics(
     dataset: ArrayDataset, outputs: tuple[int, ...], metrics: Mapping[str, Callable]
 ) -> dict[str, Callable]:
-    """Classification (class labels, a score per class) keeps its accuracy beside the user's metrics."""
+    """Classification (class labels, a score per class) keeps its accuracy after the user's metrics,
+    the first of which leads the report."""
     from taciturn.tasks.custom import accuracy
 
     scores = dataset.num_classes and len(outputs) == 1 and outputs[0] >= dataset.num_classes
-    return ({"accuracy": accuracy} if scores else {}) | dict(metrics)
+    return dict(metrics) | ({"accuracy": accuracy} if scores and "accuracy" not in metrics else {})

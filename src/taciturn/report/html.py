@@ -143,7 +143,7 @@ def write_report(rundir: RunDir) -> Path:
         ]
     parts += [
         "<h2>Metrics</h2>",
-        _metrics_table(rows),
+        _metrics_table(rows, metric),
         "<h2>Config</h2>",
         f"<pre>{html.escape(rundir.config.read_text())}</pre>",
     ]
@@ -184,10 +184,20 @@ def _histogram_table(part: dict, max_clients: int = 100) -> str:
     return f"<details><summary>Per-client class histogram</summary>{table(header, rows)}{more}</details>"
 
 
-def _metrics_table(rows: list[dict]) -> str:
+STANDARD = {
+    "round", "loss", "bytes_up", "bytes_down", "messages_up", "messages_down", "delivered_up",
+    "delivered_down", "train_loss", "clients", "rejected", "failed", "skipped", "wall_s",
+}  # fmt: skip
+
+
+def _metrics_table(rows: list[dict], metric: str = "accuracy") -> str:
+    """Every evaluation: the leading metric first, then the other scores (your own metrics= too)."""
+    scores = [k for k, v in rows[-1].items() if k not in STANDARD and isinstance(v, int | float)]
+    scores = [k for k in scores if not k.startswith("local_") and k != metric]
     keys = [
         "round",
-        *[k for k in ("accuracy", "rougeL") if k in rows[-1]],
+        *([metric] if metric in rows[-1] and metric != "loss" else []),
+        *[k for k in scores if k not in ("epsilon", "clip_norm")],
         "loss",
         *[k for k in rows[-1] if k.startswith("local_")],
         "bytes_up",
