@@ -145,7 +145,7 @@ def resnet18(classes=10):
     """torchvision's ResNet-18 when torchvision is installed, else its layout at 1/16 of the width."""
     try:
         from torchvision.models import resnet18 as torchvision_resnet18
-    except ImportError:
+    except (ImportError, RuntimeError):  # RuntimeError: a CUDA torchvision beside a CPU torch
         return resnet18_style(classes=classes)
     return torchvision_resnet18(num_classes=classes)
 
