@@ -334,9 +334,34 @@ class ChannelConfig(StrictModel):
     drop_down: float = Field(0.0, ge=0, le=1, description="probability a downlink message is lost")
 
 
+CLIENT_HOLDOUT = 0.2  # [eval] client_holdout's default
+
+
 class EvalConfig(StrictModel):
     every: int = Field(1, ge=1, description="evaluate the global model every k rounds (and after the last)")
     batch_size: int = Field(2000, ge=1)
+    clients: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="the fraction of clients, sampled at each evaluation, that score the global model on "
+        "their own held-out split (0: off)",
+    )
+    client_holdout: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="the share of each client's data held out for that (removed from its training data "
+        "for the whole run; default 0.2 when clients > 0)",
+    )
+
+    @model_validator(mode="after")
+    def _holdout_with_clients(self) -> EvalConfig:
+        if self.clients == 0 and self.client_holdout is not None:
+            raise ValueError("client_holdout applies only with eval.clients > 0 (client-side evaluation)")
+        if self.clients > 0 and self.client_holdout is None:  # resolved, so config.toml says what was used
+            object.__setattr__(self, "client_holdout", CLIENT_HOLDOUT)
+        return self
 
 
 class CheckpointConfig(StrictModel):
@@ -495,6 +520,11 @@ class RunConfig(StrictModel):
             )
         if (self.model.kind == "causal_lm") != (self.data.dataset == "instructions"):
             raise ValueError("model.kind = 'causal_lm' and data.dataset = 'instructions' go together")
+        if self.eval.clients and self.model.kind == "causal_lm":
+            raise ValueError(
+                "eval.clients: client-side evaluation scores class labels and your metrics, not the "
+                "language-model task's generations; leave it at 0 with model.kind = 'causal_lm'"
+            )
         if self.analysis.enabled and self.engine.executor.startswith(("parallel", "ray")):
             raise ValueError(
                 "[analysis] needs every client's update in this process; use engine.executor = "

@@ -28,6 +28,7 @@ from taciturn.core.device import DeviceError, resolve, use
 from taciturn.core.ledger import Direction, Ledger
 from taciturn.core.rng import SERVER, Streams
 from taciturn.core.state_store import ClientStateStore
+from taciturn.data.client_holdout import carve
 from taciturn.data.datasets import ArrayDataset, DataError, load_dataset
 from taciturn.data.federated import FederatedData
 from taciturn.data.partition import partition
@@ -35,6 +36,7 @@ from taciturn.engine.analysis import Analysis, TwinState
 from taciturn.engine.federation import Federation, RoundReport
 from taciturn.experiments import checkpoint, memory
 from taciturn.experiments.best import BestModel, EarlyStop, check_columns
+from taciturn.experiments.client_eval import ClientEvaluation
 from taciturn.experiments.config import ConfigError, RunConfig, load_config, to_toml
 from taciturn.experiments.engine_setup import DEPLOYED, ExecutorFactory, build_federation, start_ray
 from taciturn.experiments.export import model_record
@@ -46,6 +48,7 @@ from taciturn.experiments.user import (
     check_fit,
     default_metrics,
     require_objects,
+    token_model,
     user_dataset,
     user_loss,
     user_model,
@@ -100,6 +103,7 @@ class Experiment:
     best: BestModel | None = None  # [checkpoint] best: the best model so far, kept in best/
     stop: EarlyStop | None = None  # [stop]: early stopping
     trackers: Trackers | None = None  # [tracking]: TensorBoard, MLflow
+    client_eval: ClientEvaluation | None = None  # [eval] clients: each client's own held-out split
 
 
 def build_task(
@@ -129,8 +133,11 @@ def build_task(
         groups=dataset.groups,
         **part_options,
     )
+    held_out = None
+    if config.eval.clients:  # each client's own held-out split, out of its training data for the run
+        parts, held_out = carve(parts, config.eval.client_holdout, streams)
     dataset = on_device(dataset, device)
-    data = FederatedData.from_parts(dataset, parts)
+    data = FederatedData.from_parts(dataset, parts, held_out)
     loss = user_loss(config, objects)
     squared = config.loss == "mse"
     if dataset.num_classes == 0:
@@ -141,7 +148,7 @@ def build_task(
     if config.model.kind == "hf":
         model = _hf_classifier(config.model.name_or_path)
     elif own_model:
-        model = user_model(config, streams, objects)
+        model = token_model(user_model(config, streams, objects), dataset)
     else:
         model_options = config.model.model_dump(exclude={"kind"})
         try:
@@ -292,6 +299,7 @@ def _prepare(
     algorithm = build_algorithm(config.algorithm)
     accountant = build_accountant(config, data.num_clients) if config.privacy.enabled else None
     use_buffers(config, algorithm, task, remote is not None)
+    client_eval = _client_evaluation(config, task, data, streams, remote is not None)
     if (missing := check_installed(config.tracking)) is not None:
         raise ConfigError(missing)
     ledger = ledger or Ledger()
@@ -327,7 +335,27 @@ def _prepare(
         engine_note,
         analysis,
         accountant,
+        client_eval=client_eval,
     )
+
+
+def _client_evaluation(
+    config: RunConfig, task: Task, data: ClientData, streams: Streams, deployed: bool
+) -> ClientEvaluation | None:
+    """[eval] clients: the global model on sampled clients' own held-out splits (in this process, so
+    with every simulated executor); deployed runs' data stays on the nodes, so they refuse it."""
+    if not config.eval.clients:
+        return None
+    if deployed:
+        raise ConfigError(
+            "[eval.clients] deployed runs keep each client's data on its node; client-side evaluation "
+            "runs in simulation only for now (leave eval.clients at 0)"
+        )
+    assert isinstance(data, FederatedData) and isinstance(task, ClassificationTask)
+    try:
+        return ClientEvaluation(config.eval.clients, task, data, streams)
+    except ValueError as error:
+        raise ConfigError(f"[eval.client_holdout] {error}") from None
 
 
 def build_accountant(config: RunConfig, num_clients: int) -> Any:
@@ -362,9 +390,18 @@ def _write_partition(exp: Experiment) -> None:
                 "num_classes": exp.data.dataset.num_classes,
                 "sizes": hist.sum(axis=1).tolist(),
                 "histogram": hist.tolist(),
+                **_held_out_sizes(exp.data),
             }
         )
     )
+
+
+def _held_out_sizes(data: ClientData) -> dict[str, list[int]]:
+    """Each client's held-out samples ([eval] clients), which its sizes above no longer count."""
+    held_out = getattr(data, "held_out", None)
+    if held_out is None:
+        return {}
+    return {"held_out": [held_out.client_size(c) for c in range(held_out.num_clients)]}
 
 
 def _attach_log(rundir: RunDir) -> logging.Handler:
@@ -496,6 +533,7 @@ def _evaluate(
         "wall_s": round(counters["wall_s"], 3),
         **({} if report is None else report.server_info),
         **({} if exp.accountant is None else {"epsilon": exp.accountant.epsilon(counters["round"])}),
+        **({} if exp.client_eval is None else exp.client_eval.scores(params, counters["round"])),
     }
 
 
