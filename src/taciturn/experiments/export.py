@@ -3,7 +3,7 @@
 The global parameters are named as in the model's ``state_dict`` (no internal prefixes), so
 ``model.load_state_dict(safetensors.torch.load_file(path))`` accepts them for the user's own class.
 Integer buffers (BatchNorm's batch counter) are not federated; run.json keeps their starting
-values so that the exported state_dict is complete.
+values, and the second names of tied parameters, so that the exported state_dict is complete.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from taciturn.experiments import checkpoint
 from taciturn.experiments.best import read_best
 from taciturn.experiments.config import ConfigError, RunConfig, load_config
 from taciturn.report.rundir import RunDir, RunDirError
+from taciturn.tasks.hf import WRAPPED, TokenModel
 
 FORMATS = ("state_dict", "hf")
 
@@ -44,9 +45,26 @@ def model_record(task: Any, data: Any) -> dict[str, Any]:
         was_training = model.training
         outputs = model.eval()(dataset.x_test[:1]).shape[1:]
         model.train(was_training)
-    return {
-        "model": {"input_shape": list(dataset.input_shape), "outputs": list(outputs), "fixed_buffers": fixed}
-    }
+    record = {"input_shape": list(dataset.input_shape), "outputs": list(outputs), "fixed_buffers": fixed}
+    if tied := tied_names(model):
+        record["tied"] = tied
+    if isinstance(model, TokenModel):  # a Hugging Face model: its own names are the ones past the prefix
+        record["wrapped"] = WRAPPED
+    return {"model": record}
+
+
+def tied_names(model: nn.Module) -> dict[str, str]:
+    """{alias: name} of parameters shared under two names (a language model's output layer tied to
+    its embedding): the federated parameters hold each tensor once, under ``name``, but the
+    model's state_dict lists both."""
+    first: dict[int, str] = {}
+    tied = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            tied[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return tied
 
 
 def _checkpoint(rundir: RunDir, round: int | None) -> tuple[int, Path]:
@@ -88,9 +106,10 @@ def state_dict(path: Path | str, round: int | None = None, best: bool = False) -
         for name, b in record.get("fixed_buffers", {}).items()
     }
     weights = {k: v.detach().contiguous() for k, v in params.items()} | fixed
-    if config.model.kind == "hf":  # the Hugging Face model's own names, without the wrapper's
-        from taciturn.tasks.hf import WRAPPED
-
+    for alias, name in record.get("tied", {}).items():  # a copy: safetensors stores no shared tensors
+        if isinstance(alias, str) and name in weights:
+            weights[alias] = weights[name].clone()
+    if config.model.kind == "hf" or record.get("wrapped"):  # the Hugging Face model's own names
         weights = {k.removeprefix(WRAPPED): v for k, v in weights.items()}
     return round, weights
 
