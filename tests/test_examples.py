@@ -73,6 +73,34 @@ def test_hf_text_example(in_tmp):
         assert torch.equal(reloaded.state_dict()[name], tensor)
 
 
+def test_hf_object_example(in_tmp):
+    """A transformers model object as model= (issue 44): it learns, comes back as its own class, and
+    save_pretrained writes the trained weights."""
+    transformers = pytest.importorskip("transformers")
+    scope = runpy.run_path(str(REPO / "examples" / "hf_object.py"), run_name="__main__")
+    result, trained, reloaded = scope["result"], scope["trained"], scope["reloaded"]
+    assert result.metrics[-1]["accuracy"] > result.metrics[0]["accuracy"] + 0.3
+    assert isinstance(trained, transformers.BertForSequenceClassification)
+    for name, tensor in trained.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[name], tensor)
+
+
+def test_client_eval_example(in_tmp):
+    """[eval] clients (issue 44): the distribution over the sampled clients, its plot and the split's
+    sizes, as docs/guide.md shows them."""
+    result = runpy.run_path(str(REPO / "examples" / "client_eval.py"), run_name="__main__")["result"]
+    for row in result.metrics:
+        values = sorted(row["client_accuracy_by_client"].values())
+        assert row["eval_clients"] == len(values) == 10
+        assert row["client_accuracy_min"] == values[0] and row["client_accuracy_max"] == values[-1]
+        assert row["client_accuracy_p10"] <= row["client_accuracy_p50"] <= row["client_accuracy_p90"]
+    partition = json.loads((result.dir / "partition.json").read_text())
+    assert sum(partition["sizes"]) + sum(partition["held_out"]) == 1000
+    assert sum(partition["held_out"]) >= 0.2 * 1000  # LEAF's cut keeps floor(0.8 n) for training
+    assert (result.dir / "plots" / "client_distribution.png").is_file()
+    assert "own held-out data" in (result.dir / "report.html").read_text()
+
+
 def test_training_example(in_tmp):
     """Optimizers, schedules, mixed precision, SCAFFOLD on BatchNorm, the best model, early stopping
     and TensorBoard, as docs/guide.md shows them (issue 44)."""
