@@ -107,7 +107,7 @@ def state_dict(path: Path | str, round: int | None = None, best: bool = False) -
     }
     weights = {k: v.detach().contiguous() for k, v in params.items()} | fixed
     for alias, name in record.get("tied", {}).items():  # a copy: safetensors stores no shared tensors
-        if isinstance(alias, str) and name in weights:
+        if isinstance(alias, str) and isinstance(name, str) and name in weights:
             weights[alias] = weights[name].clone()
     if config.model.kind == "hf" or record.get("wrapped"):  # the Hugging Face model's own names
         weights = {k.removeprefix(WRAPPED): v for k, v in weights.items()}
