@@ -198,3 +198,17 @@ def test_deployed_runs_and_language_models_refuse_it(tmp_path):
     }
     with pytest.raises(ConfigError, match=r"eval.clients: client-side evaluation scores class labels"):
         types.validate_tree(tree, "<test>")
+
+
+def test_a_report_of_tampered_client_columns_skips_or_escapes_them(tmp_path):
+    """The report reads only the run folder, which someone else may have written: client columns
+    that are not numbers leave their rows out of the plot, and text is escaped."""
+    rundir = start(tiny_config(rounds=2, eval={"clients": 0.5}), tmp_path / "run", progress=False)
+    rows = rundir.read_metrics()
+    rows[0]["client_accuracy_p10"] = "high"  # this row leaves the distribution
+    rows[-1]["eval_clients"] = "<b>many</b>"
+    rows[-1]["client_accuracy_by_client"] = {"0": "<i>x</i>", "1": None, "2": 0.5}
+    rundir.metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = types.report(rundir).read_text()
+    assert "&lt;b&gt;many&lt;/b&gt; clients" in page and "<b>many</b>" not in page
+    assert (rundir.plots / "client_distribution.png").is_file()

@@ -185,8 +185,8 @@ def _client_section(rows: list[dict], metric: str, plot: Path) -> list[str]:
         "<h2>Each client's own held-out data</h2>",
         f"<p>At every evaluation, a sample of clients scores the global model on its own held-out split "
         f"(<code>[eval] clients</code>; those samples are never trained on). Round {_number(last['round'])}: "
-        f"{_number(last.get('eval_clients'))} clients, {_number(last.get('eval_samples'))} held-out samples, "
-        f"{html.escape(metric)}:</p>",
+        f"{html.escape(_number(last.get('eval_clients')))} clients, "
+        f"{html.escape(_number(last.get('eval_samples')))} held-out samples, {html.escape(metric)}:</p>",
         table(["", "value"], numbers),
         image(plot),
     ]
