@@ -87,9 +87,9 @@ class ExactXUpdate:
     """Mixin for ADMM algorithms: solve the x-update of least squares in closed form,
     argmin_x (1/2n)||A x - b||^2 + (rho_i/2)||x - z_hat + u||^2."""
 
-    def x_update(self, ctx, z_hat, u, momentum):
+    def x_update(self, ctx, z_hat, u):
         a, b = ctx.data.batch(ctx.data.client_indices(ctx.client))
         rho = self.rho_i(ctx)
         lhs = a.T @ a / len(b) + rho * torch.eye(a.shape[1], dtype=a.dtype)
         rhs = a.T @ b / len(b) + rho * (z_hat["w"] - u["w"])
-        return self.finish(ctx, z_hat, u, {"w": torch.linalg.solve(lhs, rhs)}, None, {})
+        return self.finish(ctx, z_hat, u, {"w": torch.linalg.solve(lhs, rhs)}, {})

@@ -55,8 +55,8 @@ class LossyScaffold(Poisoning, Scaffold):
 
 
 class LossyADMM(Poisoning, ExactXUpdate, EventADMM):
-    def finish(self, ctx, z_hat, u, x, momentum, meta):  # ExactXUpdate ends here, not in client_end
-        return self._poisoned(ctx, super().finish(ctx, z_hat, u, x, momentum, meta))
+    def finish(self, ctx, z_hat, u, x, meta):  # ExactXUpdate ends here, not in client_end
+        return self._poisoned(ctx, super().finish(ctx, z_hat, u, x, meta))
 
 
 class LossyFedADMM(LossyADMM, FedADMM):

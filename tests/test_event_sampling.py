@@ -84,9 +84,9 @@ class Scripted(EventADMM):
         super().__init__(config)
         self.xs, self.seen = {}, {}
 
-    def x_update(self, ctx, z_hat, u, momentum):
+    def x_update(self, ctx, z_hat, u):
         self.seen[(ctx.round, ctx.client)] = z_hat["w"].tolist()
-        return self.finish(ctx, z_hat, u, {"w": vec(*self.xs[(ctx.round, ctx.client)])}, None, {})
+        return self.finish(ctx, z_hat, u, {"w": vec(*self.xs[(ctx.round, ctx.client)])}, {})
 
 
 def safetensors_size(header: dict, payload: int) -> int:

@@ -15,8 +15,9 @@ z_i_hat is the z agent i currently holds, which may be stale. Communication is e
   * randomized variant: when the server stays silent, a random fraction of agents still gets z;
   * Delta_k = Delta * decay^(k-1), a decreasing threshold when decay < 1 (convergence to a
     stationary point needs Delta_k -> 0);
-  * every agent warm-starts its x-update from z_i_hat and keeps its momentum buffer across rounds
-    (the code creates one optimizer per agent);
+  * every agent warm-starts its x-update from z_i_hat and keeps its optimizer's state (momentum
+    buffer, Adam's moments) across rounds (the code creates one optimizer per agent):
+    ``persistent_momentum``, which is ``algorithm.local.optimizer_state = "keep"``;
   * rho_i = rho / (N p_i) with p_i = n_i / n, i.e. f_i weighted by N p_i under a common rho, which
     makes the unweighted mean of x_hat_i + u_i the exact z-update.
 
@@ -66,6 +67,13 @@ benchmark of record, benchmarks/event_admm.py, runs):
 Which config reproduces what: the paper's Alg. 1 (vanilla) is the default (``lucky_fraction = 0``);
 its randomized variant ``lucky_fraction`` > 0; both with Delta_z set (the code's Delta / 100 is the
 default). ``start = "common"`` removes the round-1 broadcast, as the authors' code initialises.
+
+Buffers (BatchNorm running statistics) are no variables of the consensus problem: x_i, u_i, the
+relaxation, the triggers' norms and the downlink triggers cover the weights only. An agent sends its
+trained statistics whole with v_i (also under ``uplink = "change"``), the server keeps them in the
+agent's copy, and z's statistics are the mean of the copies, as z's weights are of the s_i; or, with
+local buffers (FedBN), each agent keeps its own in its state and never sends them, and z keeps the
+initial ones.
 """
 
 from __future__ import annotations
@@ -120,7 +128,11 @@ class EventADMMConfig(AlgorithmConfig):
     )
     relaxation: float = Field(1.0, gt=0, lt=2, description="over-relaxation alpha")
     reset_every: int | None = Field(None, ge=1, description="full resynchronisation every T_r rounds")
-    persistent_momentum: bool = Field(True, description="keep each agent's momentum buffer across rounds")
+    persistent_momentum: bool | None = Field(
+        None,
+        description="keep each agent's optimizer state across rounds (default true, as the authors' "
+        "code); the same as local.optimizer_state = 'keep'",
+    )
     start: Literal["broadcast", "common"] = Field(
         "broadcast",
         description="broadcast: round 1 sends z^0 to every agent; common: agents start from the common "
@@ -134,6 +146,23 @@ class EventADMMConfig(AlgorithmConfig):
     uplink: Literal["full", "change"] = Field(
         "full", description="full: send x_hat_i + u_i; change: send its change since last sent (compressible)"
     )
+
+    @model_validator(mode="after")
+    def _persistent_momentum_is_the_kept_optimizer_state(self) -> EventADMMConfig:
+        said = "optimizer_state" in self.local.model_fields_set
+        keep = self.local.optimizer_state == "keep"
+        if self.persistent_momentum is not None and said and keep != self.persistent_momentum:
+            raise ValueError(
+                f"persistent_momentum = {str(self.persistent_momentum).lower()} contradicts "
+                f"local.optimizer_state = '{self.local.optimizer_state}'; set one of them"
+            )
+        persistent = (
+            self.persistent_momentum if self.persistent_momentum is not None else (keep if said else True)
+        )
+        local = self.local.model_copy(update={"optimizer_state": "keep" if persistent else "reset"})
+        object.__setattr__(self, "local", local)
+        object.__setattr__(self, "persistent_momentum", persistent)
+        return self
 
     @model_validator(mode="after")
     def _default_delta_z(self) -> EventADMMConfig:
@@ -174,6 +203,7 @@ class EventADMM(Algorithm):
     name = "event_admm"
     Config = EventADMMConfig
     config: EventADMMConfig
+    supports_buffers = True
 
     @classmethod
     def carries(cls, config: AlgorithmConfig) -> tuple[Carries, Carries]:
@@ -187,11 +217,12 @@ class EventADMM(Algorithm):
     # ----- server -----
     def init_server(self, params: Params, num_clients: int) -> EventADMMState:
         self.initial = clone(params)
-        copies = stacked(params, num_clients)  # s_i = z^0: what every agent holds before it speaks
+        # s_i = z^0: what every agent holds before it speaks (less the buffers FedBN agents keep)
+        copies = stacked(self.sent(params), num_clients)
         common = self.config.start == "common"
         held = sent = None
         if self.config.downlink == "per_client":
-            held, sent = stacked(params, num_clients), torch.full((num_clients,), common)
+            held, sent = stacked(self.weights(params), num_clients), torch.full((num_clients,), common)
         # start = "broadcast": round 1 syncs z^0 to every agent
         return EventADMMState(clone(params), copies, clone(params), not common, held, sent)
 
@@ -232,7 +263,7 @@ class EventADMM(Algorithm):
         return dict.fromkeys(sorted(recipients), z)
 
     def uplink_spec(self, state: EventADMMState) -> dict[str, ArraySpec]:
-        return specs_of(state.z)
+        return specs_of(self.sent(state.z))
 
     def aggregate(self, state: EventADMMState, round: int, arrivals: Sequence[Arrival]) -> EventADMMState:
         # The default accumulation keeps the arrivals: each full vector replaces one copy (in a new
@@ -240,14 +271,15 @@ class EventADMM(Algorithm):
         copies = {name: s.clone() for name, s in state.copies.items()} if arrivals else state.copies
         for arrival in arrivals:  # full vectors replace the server's copy of x_hat_i + u_i
             for name, v in arrival.message.tensors().items():
-                if self.config.uplink == "change":  # s_i += r_i, as the authors' code
+                if self.config.uplink == "change" and name not in self.buffers:  # s_i += r_i, as the code
                     copies[name][arrival.client] += v
                 else:
                     copies[name][arrival.client] = v
-        z = {name: s.mean(dim=0) for name, s in copies.items()}
+        z = state.z | {name: s.mean(dim=0) for name, s in copies.items()}  # FedBN: z keeps its own
         if self.config.downlink == "per_client":
             return EventADMMState(z, copies, state.z_sent, False, *self._record_sent(state, round))
-        fire = norm(sub(z, state.z_sent)) >= self.config.threshold(self.config.delta_z, round)
+        moved = norm(sub(self.weights(z), state.z_sent))
+        fire = moved >= self.config.threshold(self.config.delta_z, round)
         if fire:  # broadcast z at the start of the next round
             z_sent = clone(z)
         elif self.config.is_reset(round):  # this round opened with a broadcast of state.z to everyone
@@ -290,9 +322,8 @@ class EventADMM(Algorithm):
         if u:  # u_i <- u_i + x_hat_i - z_hat (dual ascent with the newest z held)
             u = add(u, sub(strip_prefix("x_hat", state), z_hat))
         else:
-            u = {k: torch.zeros_like(v) for k, v in z_hat.items()}
-        momentum = strip_prefix("momentum", state) if self.config.persistent_momentum else None
-        return self.x_update(ctx, z_hat, u, momentum or None)
+            u = {k: torch.zeros_like(v) for k, v in self.weights(z_hat).items()}
+        return self.x_update(ctx, z_hat, u)
 
     def rho_i(self, ctx: ClientContext) -> float:
         if not self.config.per_agent_rho:
@@ -300,24 +331,23 @@ class EventADMM(Algorithm):
         mean_size = ctx.data.num_samples / ctx.data.num_clients
         return self.config.rho * mean_size / ctx.num_samples  # rho / (N p_i)
 
-    def x_update(
-        self, ctx: ClientContext, z_hat: Params, u: Params, momentum: Params | None
-    ) -> LocalTraining | ClientOutput:
-        """Inexact x-update by local SGD warm-started at z_hat; override for an exact solve."""
+    def x_update(self, ctx: ClientContext, z_hat: Params, u: Params) -> LocalTraining | ClientOutput:
+        """Inexact x-update by local steps warm-started at z_hat (the optimizer's state kept across
+        rounds with persistent_momentum: engine/local_training.py); override for an exact solve."""
+        own = strip_prefix("buffers", ctx.state or {}) if self.local_buffers else {}  # FedBN
         return LocalTraining(
-            params=z_hat,
-            consts={"anchor": sub(z_hat, u), "z_hat": z_hat, "u": u, "rho": self.rho_i(ctx)},
-            momentum=momentum,
+            params=z_hat | own,
+            consts={"anchor": sub(self.weights(z_hat), u), "z_hat": z_hat, "u": u, "rho": self.rho_i(ctx)},
         )
 
     def objective(self, loss: Loss, params: Params, batch: Any, consts: Consts) -> torch.Tensor:
-        # f_i(x) + (rho_i / 2) ||x - z_hat + u_i||^2
-        return loss(params, batch) + 0.5 * consts["rho"] * sq_distance(params, consts["anchor"])
+        # f_i(x) + (rho_i / 2) ||x - z_hat + u_i||^2, over the weights
+        anchor = consts["anchor"]
+        weights = {k: params[k] for k in anchor}
+        return loss(params, batch) + 0.5 * consts["rho"] * sq_distance(weights, anchor)
 
     def client_end(self, ctx: ClientContext, work: LocalTraining, result: TrainResult) -> ClientOutput:
-        return self.finish(
-            ctx, work.consts["z_hat"], work.consts["u"], result.params, result.momentum, loss_meta(result)
-        )
+        return self.finish(ctx, work.consts["z_hat"], work.consts["u"], result.params, loss_meta(result))
 
     def finish(
         self,
@@ -325,11 +355,12 @@ class EventADMM(Algorithm):
         z_hat: Params,
         u: Params,
         x: Params,
-        momentum: Params | None,
         meta: dict[str, Any],
     ) -> ClientOutput:
         """Relax, apply the uplink trigger and write the agent's state."""
         alpha = self.config.relaxation
+        statistics = {n: x[n] for n in self.buffers if n in x}  # trained buffers: sent or kept, never relaxed
+        x = self.weights(x)
         x_hat = x if alpha == 1.0 else add({k: alpha * v for k, v in x.items()}, z_hat, 1.0 - alpha)
         v = add(x_hat, u)
         last = strip_prefix("last", ctx.state or {}) or self.first_last(z_hat)
@@ -343,14 +374,13 @@ class EventADMM(Algorithm):
             **with_prefix("u", u),
             **with_prefix("z_hat", z_hat),
             **with_prefix("last", v if send else last),
+            **with_prefix("buffers", {n: statistics[n] for n in self.local_buffers}),
         }
-        if momentum is not None and self.config.persistent_momentum:
-            state.update(with_prefix("momentum", momentum))
         if self.config.trigger == "progress":
             state["z_step"] = torch.tensor(z_step, dtype=torch.float64)
         sent = sub(v, last) if self.config.uplink == "change" else v
         return ClientOutput(
-            Message.from_tensors(sent, **meta) if send else None,
+            Message.from_tensors(sent | self.sent(statistics), **meta) if send else None,
             state,
             {"trigger_norm": distance, **{f"trigger_unit/{k}": unit for k, unit in units.items()}},
         )
@@ -360,10 +390,10 @@ class EventADMM(Algorithm):
         first received, which is z^0 unless a broadcast was lost (the first full v_i replaces s_i anyway).
         Changes add up on s_i, so they must start from z^0 itself."""
         if self.config.uplink == "full":
-            return z_hat
+            return self.weights(z_hat)
         if self.initial is None:
             raise RuntimeError("uplink = 'change' needs the initial model: init_server runs first")
-        return self.initial
+        return self.weights(self.initial)
 
     def trigger_units(self, ctx: ClientContext, last: Params, z_step: float) -> dict[str, float]:
         """What Delta_k multiplies under each uplink rule; agent i sends when ||v_i - last_i|| reaches
@@ -387,8 +417,8 @@ class EventADMM(Algorithm):
         times ``progress_fade``: the longer the agent hears nothing new, the lower its threshold, so
         a round in which nobody speaks cannot repeat forever (no fixed point but ADMM's)."""
         state = ctx.state or {}
-        held = strip_prefix("z_hat", state)
-        step = norm(sub(z_hat, held)) if held else 0.0
+        held = self.weights(strip_prefix("z_hat", state))
+        step = norm(sub(self.weights(z_hat), held)) if held else 0.0
         if step > 0 or "z_step" not in state:
             return step
         return self.config.progress_fade * float(state["z_step"])

@@ -8,9 +8,10 @@ updates its dual u_i <- u_i + x_i - z, warm-starts x <- z, trains on
 f_i(x) + (rho / 2) ||x - z + u_i||^2 and returns x_i + u_i.
 
 That is event-based ADMM with random participation in place of both triggers, one rho for every
-agent and a fresh momentum buffer each round, so it reuses event_admm.py's math. Deviations from
-the code: the MNIST script trains with Adam (lr 1e-3) because its MLP lacks `.network`; we use the
-configured SGD like every other method. Its evaluated z lags one round; we evaluate the z the
+agent and a fresh optimizer each round (unless local.optimizer_state = "keep"), so it reuses
+event_admm.py's math. Deviations from the code: the MNIST script trains with Adam (lr 1e-3)
+because its MLP lacks `.network`; we use the configured optimizer (SGD by default) like every other
+method. Its evaluated z lags one round; we evaluate the z the
 round produced. An agent's first dual step uses x_i = z (it has no earlier model), not the shared
 initial model.
 
@@ -45,7 +46,7 @@ class FedADMMConfig(AlgorithmConfig):
             delta=0.0,  # every sampled agent sends
             delta_z=0.0,  # every sampled agent receives z
             downlink="broadcast",  # to every sampled agent, every round (Delta_z = 0)
-            persistent_momentum=False,
+            persistent_momentum=self.local.optimizer_state == "keep",  # fresh by default, as the code
             uplink=self.uplink,
         )
 

@@ -61,10 +61,13 @@ class FedKSeedConfig(AlgorithmConfig):
     @model_validator(mode="after")
     def _plain_steps(self) -> FedKSeedConfig:
         local = self.local
-        if local.momentum or local.weight_decay or local.clip_norm is not None:
+        plain = local.optimizer == "sgd" and local.precision == "fp32" and local.optimizer_state == "reset"
+        schedules = local.schedule.constant and local.round_schedule.constant
+        if local.momentum or local.weight_decay or local.clip_norm is not None or not plain or not schedules:
             raise ValueError(
-                "FedKSeed takes plain zeroth-order steps w <- w - lr g z: "
-                "remove algorithm.local.momentum, weight_decay and clip_norm"
+                "FedKSeed takes plain zeroth-order steps w <- w - lr g z at one learning rate: remove "
+                "algorithm.local.momentum, weight_decay, clip_norm, optimizer, optimizer_state, precision "
+                "and the schedules"
             )
         return self
 

@@ -31,6 +31,11 @@ concatenation, so the accounting is DP-FedAvg's), or robustly combined coordinat
 the round's mean (dy, dc); x moves by it and c by (sum_S p_i) x mean dc, which is line 17 for the
 plain mean (under DP: q x the fixed-denominator mean, q = the sampling rate).
 
+Buffers (BatchNorm running statistics) are no variables of f_i: they have no control variates (c
+and c_i cover the weights only) and take no corrected step. The forward passes update them, they
+travel up in dy and the server averages them with the weights p_i (a step of 1, whatever eta_g);
+or, with local buffers (FedBN), each client keeps its own in its client state and never sends them.
+
 Under loss (DESIGN.md, "Acceptance"): a client's c_i+ takes effect only when the server has
 accepted the uplink (dy, dc) that carries it (engine/executor.py, the commit protocol). A lost
 downlink means the client sits the round out; a lost or rejected uplink means its round never
@@ -66,6 +71,7 @@ from taciturn.algorithms.base import (
     positive_count,
     specs_of,
 )
+from taciturn.algorithms.schedule import Schedule
 from taciturn.core.message import Message
 from taciturn.core.params import (
     Params,
@@ -86,6 +92,7 @@ class ScaffoldConfig(AlgorithmConfig):
     name: Literal["scaffold"] = "scaffold"
     option: Literal["I", "II"] = Field("II", description="control-variate update (Alg. 1, line 12)")
     server_lr: float = Field(1.0, gt=0, le=MAX_LR, description="eta_g")
+    server_schedule: Schedule = Field(Schedule(), description="eta_g over rounds (algorithms/schedule.py)")
     weighting: Literal["uniform", "samples"] = Field(
         "samples",
         description="p_i = 1/N (the paper) or n_i/n (FedAvg's sample weights) for both x and c",
@@ -111,6 +118,7 @@ class Scaffold(Algorithm):
     name = "scaffold"
     Config = ScaffoldConfig
     config: ScaffoldConfig
+    supports_buffers = True
     # Both dy and dc are functions of the client's data: the server chain (robust rules, DP) and
     # local DP treat (dy, dc) as one vector, so both are clipped, noised or robustly combined.
     delta_prefix = ""
@@ -122,15 +130,17 @@ class Scaffold(Algorithm):
         return "increments", "values"
 
     def init_server(self, params: Params, num_clients: int) -> ScaffoldState:
-        return ScaffoldState(clone(params), zeros_like(params))
+        return ScaffoldState(clone(params), zeros_like(self.weights(params)))
 
     def downlink(self, state: ScaffoldState, round: int, clients: Sequence[int]) -> dict[int, Message]:
         both = Message.from_tensors({**with_prefix("x", state.params), **with_prefix("c", state.control)})
         return dict.fromkeys(clients, both)
 
     def uplink_spec(self, state: ScaffoldState) -> dict[str, ArraySpec]:
-        specs = specs_of(state.params)
-        return {**with_prefix("dy", specs), **with_prefix("dc", specs)}
+        return {
+            **with_prefix("dy", specs_of(self.sent(state.params))),
+            **with_prefix("dc", specs_of(state.control)),
+        }
 
     def check_uplink_meta(self, message: Message) -> str | None:
         return positive_count(message, "num_samples")
@@ -140,7 +150,9 @@ class Scaffold(Algorithm):
         if ctx.received is None:
             return ClientOutput(uplink=None)
         x, c = ctx.received.tensors("x/"), ctx.received.tensors("c/")
-        c_i = strip_prefix("c", ctx.state) if ctx.state else zeros_like(x)
+        c_i = strip_prefix("c", ctx.state) if ctx.state else zeros_like(c)
+        if self.local_buffers and ctx.state:  # FedBN: the client's own statistics
+            x |= strip_prefix("buffers", ctx.state)
         return LocalTraining(
             params=x,
             consts={"correction": sub(c, c_i), "c_i": c_i},
@@ -148,22 +160,24 @@ class Scaffold(Algorithm):
         )
 
     def objective(self, loss: Loss, params: Params, batch: Any, consts: Consts) -> torch.Tensor:
-        # d/dy <y, c - c_i> = c - c_i: the corrected step of Alg. 1, line 10.
-        return loss(params, batch) + dot(params, consts["correction"])
+        # d/dy <y, c - c_i> = c - c_i: the corrected step of Alg. 1, line 10 (weights only).
+        correction = consts["correction"]
+        return loss(params, batch) + dot({k: params[k] for k in correction}, correction)
 
     def client_end(self, ctx: ClientContext, work: LocalTraining, result: TrainResult) -> ClientOutput:
         x, c_i = work.params, work.consts["c_i"]
         if self.config.option == "I":
-            c_new = full_gradient(ctx, x)
+            c_new = full_gradient(ctx, x, self.buffers)
         else:  # mean raw gradient = mean objective gradient minus the constant correction
             assert result.mean_gradient is not None
             c_new = sub(result.mean_gradient, work.consts["correction"])
         uplink = Message.from_tensors(
-            {**with_prefix("dy", sub(result.params, x)), **with_prefix("dc", sub(c_new, c_i))},
+            {**with_prefix("dy", self.sent(sub(result.params, x))), **with_prefix("dc", sub(c_new, c_i))},
             num_samples=ctx.num_samples,
             **loss_meta(result),
         )
-        return ClientOutput(uplink, state=with_prefix("c", c_new))
+        own = {n: result.params[n] for n in self.local_buffers}
+        return ClientOutput(uplink, state=with_prefix("c", c_new) | with_prefix("buffers", own))
 
     def _weight(self, arrival: Arrival) -> float:
         """p_i from the server's own figures (num_samples was replaced by the trusted weight). The
@@ -195,22 +209,27 @@ class Scaffold(Algorithm):
         if accumulated.dy is None:
             return state
         dx = {k: v / accumulated.weight for k, v in accumulated.dy.items()}  # weighted mean of dy
-        return ScaffoldState(add(state.params, dx, self.config.server_lr), add(state.control, accumulated.dc))
+        lr = self.config.server_lr * self.config.server_schedule.factor(round - 1)
+        x = state.params | self.server_step(state.params, dx, lr)
+        return ScaffoldState(x, add(state.control, accumulated.dc))
 
     def global_params(self, state: ScaffoldState) -> Params:
         return state.params
 
 
 @torch.no_grad()
-def full_gradient(ctx: ClientContext, params: Params) -> Params:
-    """grad f_i(params): the mean loss gradient over all of the client's data (option I)."""
+def full_gradient(ctx: ClientContext, params: Params, buffers: frozenset[str] = frozenset()) -> Params:
+    """grad f_i(params): the mean loss gradient over all of the client's data (option I), for every
+    tensor but the ``buffers`` (whose copies the forward passes update and are then dropped)."""
     indices = ctx.data.client_indices(ctx.client)
-    total = zeros_like(params)
+    total = zeros_like({k: v for k, v in params.items() if k not in buffers})
     for start in range(0, len(indices), FULL_GRADIENT_BATCH):
         part = indices[start : start + FULL_GRADIENT_BATCH]
         with torch.enable_grad():
-            live = {k: v.detach().requires_grad_(True) for k, v in params.items()}
-            grads = torch.autograd.grad(ctx.loss(live, ctx.data.batch(part)), list(live.values()))
+            live = {k: v.detach().requires_grad_(True) for k, v in params.items() if k not in buffers}
+            fixed = {k: v.detach().clone() for k, v in params.items() if k in buffers}
+            value = ctx.loss(live | fixed, ctx.data.batch(part))
+            grads = torch.autograd.grad(value, list(live.values()))
         for (name, _), g in zip(live.items(), grads, strict=True):
             total[name].add_(g, alpha=len(part) / len(indices))
     return total

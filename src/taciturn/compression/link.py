@@ -32,7 +32,7 @@ from taciturn.core.state_store import ClientState
 UP, DOWN = "~up/", "~down/"  # client-state names of each link's memory
 
 
-def split_state(state: ClientState | None) -> tuple[ClientState | None, ClientState]:
+def split_links(state: ClientState | None) -> tuple[ClientState | None, ClientState]:
     """(the algorithm's part or None, the links' part) of a stored client state."""
     if state is None or not any(k.startswith("~") for k in state):
         return state, {}

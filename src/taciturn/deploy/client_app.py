@@ -28,7 +28,7 @@ from taciturn.core.rng import Streams
 from taciturn.deploy import protocol
 from taciturn.deploy.node_state import NodeStateStore
 from taciturn.deploy.settings import DeployError, NodeSettings, run_config_of, run_folder
-from taciturn.engine.local_training import train_locally
+from taciturn.engine.local_training import keep_optimizer, split_state, train_locally
 from taciturn.engine.pipeline import without_statistics
 from taciturn.engine.trust import TrustedWeights
 from taciturn.tasks.base import ClientData
@@ -60,6 +60,7 @@ def node_setup(config_text: str, data: tuple[tuple[str, object], ...] = ()) -> N
     algorithm.use_streams(streams)
     algorithm.use_population(data.num_clients, TrustedWeights(config.server, data).total())
     buffers = getattr(task, "buffers", frozenset())
+    algorithm.use_buffers(buffers)  # averaged: local ones are refused
     return NodeSetup(algorithm, streams, data, task.loss, buffers, config.privacy.enabled)
 
 
@@ -69,22 +70,23 @@ def serve_client(
     """One client's round on this node; its uplink (None: the client stays silent)."""
     algorithm, client = setup.algorithm, request.client
     state = store.settle(client, request.accepted, request.kept)
+    own, optimizer_state = split_state(state)  # the algorithm's part; the optimizer's (when kept)
     ctx = ClientContext(
         client,
         request.round,
         protocol.message_of(request.payload),
-        state,
+        own,
         setup.data.client_size(client),
         setup.streams,
         setup.data,
         setup.loss,
         setup.buffers,
+        optimizer_state,
     )
     begun = algorithm.client_begin(ctx)
     if isinstance(begun, LocalTraining):
-        output = algorithm.client_end(
-            ctx, begun, train_locally(algorithm, ctx, begun, algorithm.config.local)
-        )
+        result = train_locally(algorithm, ctx, begun, algorithm.config.local)
+        output = keep_optimizer(algorithm, ctx, algorithm.client_end(ctx, begun, result), result)
     else:
         output = begun
     assert isinstance(output, ClientOutput)

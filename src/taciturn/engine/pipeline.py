@@ -45,12 +45,13 @@ from taciturn.algorithms.base import (
 )
 from taciturn.attacks.poisoning import ModelPoisoning
 from taciturn.compression.chain import CompressionError
-from taciturn.compression.link import Downlink, Uplink, split_state
+from taciturn.compression.link import Downlink, Uplink, split_links
 from taciturn.core.channel import Channel
 from taciturn.core.ledger import Direction
 from taciturn.core.message import Message
 from taciturn.core.rng import SERVER, Streams
 from taciturn.core.state_store import ClientState, ClientStateStore
+from taciturn.engine.local_training import keep_optimizer, split_state
 from taciturn.engine.trust import TrustConfig, TrustedWeights
 from taciturn.engine.validation import overflow_problem, uplink_problem
 from taciturn.privacy.gaussian import LocalGaussian
@@ -147,21 +148,23 @@ class ClientPipeline:
 
     def context(self, round: int, client: int, message: Message | None) -> ClientContext:
         received = None if message is None else self.channel.send(Direction.DOWN, round, client, message)
-        own, links = split_state(self.store.get(client))
+        own, links = split_links(self.store.get(client))  # the links' part stays with the pipeline
         held = self._held[client] = _Held(own, links, heard=received is not None)
         if received is not None and self.downlink is not None:
             received, held.links = self.downlink.receive(round, client, received, links)
             held.changed = held.links is not links
+        state, optimizer_state = split_state(own)  # the algorithm sees its own part
         return ClientContext(
             client,
             round,
             received,
-            own,
+            state,
             self.data.client_size(client),
             self.streams,
             self.data,
             self.loss,
             self.buffers,
+            optimizer_state,
         )
 
     def serve(
@@ -192,7 +195,9 @@ class ClientPipeline:
                 outputs[i] = self._failed(contexts[i], result)
                 continue
             try:
-                outputs[i] = algorithm.client_end(contexts[i], work, result)
+                outputs[i] = keep_optimizer(
+                    algorithm, contexts[i], algorithm.client_end(contexts[i], work, result), result
+                )
             except Exception as error:
                 outputs[i] = self._failed(contexts[i], error)
         return self._collect(round, contexts, outputs, spec)

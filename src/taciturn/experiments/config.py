@@ -6,6 +6,7 @@ names the key and the file. ``--set key=value`` overrides are applied before val
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import re
 import tomllib
@@ -25,6 +26,7 @@ from taciturn.compression.config import CompressionConfig
 from taciturn.core.errors import TaciturnError
 from taciturn.engine.analysis import AnalysisConfig
 from taciturn.engine.trust import TrustConfig
+from taciturn.experiments.tracking import TrackingConfig
 from taciturn.privacy.config import PrivacyConfig
 from taciturn.secagg.config import SecAggConfig
 from taciturn.server.config import AggregationConfig
@@ -333,14 +335,72 @@ class ChannelConfig(StrictModel):
     drop_down: float = Field(0.0, ge=0, le=1, description="probability a downlink message is lost")
 
 
+CLIENT_HOLDOUT = 0.2  # [eval] client_holdout's default
+
+
 class EvalConfig(StrictModel):
     every: int = Field(1, ge=1, description="evaluate the global model every k rounds (and after the last)")
     batch_size: int = Field(2000, ge=1)
+    clients: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="the fraction of clients, sampled at each evaluation, that score the global model on "
+        "their own held-out split (0: off)",
+    )
+    client_holdout: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="the share of each client's data held out for that (removed from its training data "
+        "for the whole run; default 0.2 when clients > 0)",
+    )
+
+    @model_validator(mode="after")
+    def _holdout_with_clients(self) -> EvalConfig:
+        if self.clients == 0 and self.client_holdout is not None:
+            raise ValueError("client_holdout applies only with eval.clients > 0 (client-side evaluation)")
+        if self.clients > 0 and self.client_holdout is None:  # resolved, so config.toml says what was used
+            object.__setattr__(self, "client_holdout", CLIENT_HOLDOUT)
+        return self
 
 
 class CheckpointConfig(StrictModel):
     every: int = Field(10, ge=1, description="write a checkpoint every k rounds (and after the last)")
     keep: int = Field(2, ge=1, description="how many recent checkpoints to keep")
+    best: str | None = Field(
+        None, min_length=1, description="keep the model with the best value of this metrics column in best/"
+    )
+    best_mode: Literal["min", "max"] | None = Field(
+        None, description="whether lower or higher is better (default: losses min, accuracies max)"
+    )
+
+    @model_validator(mode="after")
+    def _known_direction(self) -> CheckpointConfig:
+        from taciturn.experiments.best import direction
+
+        if self.best is not None:  # a name that tells nothing is resolved once its column is known
+            with contextlib.suppress(ValueError):
+                object.__setattr__(self, "best_mode", direction(self.best, self.best_mode))
+        return self
+
+
+class StopConfig(StrictModel):
+    """Early stopping: end the run when ``metric`` has not improved for ``patience`` evaluations."""
+
+    metric: str | None = Field(None, min_length=1, description="the metrics column to watch (unset: off)")
+    mode: Literal["min", "max"] | None = Field(None, description="default: losses min, accuracies max")
+    patience: int = Field(5, ge=1, description="evaluations (eval.every rounds apart) without improvement")
+    min_delta: float = Field(0.0, ge=0, description="an improvement must beat the best by more than this")
+
+    @model_validator(mode="after")
+    def _known_direction(self) -> StopConfig:
+        from taciturn.experiments.best import direction
+
+        if self.metric is not None:  # a name that tells nothing is resolved once its column is known
+            with contextlib.suppress(ValueError):
+                object.__setattr__(self, "mode", direction(self.metric, self.mode))
+        return self
 
 
 _DEFAULT_TAGS = (
@@ -407,6 +467,8 @@ class RunConfig(StrictModel):
     channel: ChannelConfig = ChannelConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    stop: StopConfig = StopConfig()
+    tracking: TrackingConfig = TrackingConfig()
     engine: EngineConfig = EngineConfig()
     analysis: AnalysisConfig = AnalysisConfig()
     server: TrustConfig = TrustConfig()
@@ -460,6 +522,11 @@ class RunConfig(StrictModel):
             )
         if (self.model.kind == "causal_lm") != (self.data.dataset == "instructions"):
             raise ValueError("model.kind = 'causal_lm' and data.dataset = 'instructions' go together")
+        if self.eval.clients and self.model.kind == "causal_lm":
+            raise ValueError(
+                "eval.clients: client-side evaluation scores class labels and your metrics, not the "
+                "language-model task's generations; leave it at 0 with model.kind = 'causal_lm'"
+            )
         if self.analysis.enabled and self.engine.executor.startswith(("parallel", "ray")):
             raise ValueError(
                 "[analysis] needs every client's update in this process; use engine.executor = "
@@ -581,6 +648,19 @@ class RunConfig(StrictModel):
                 "error memory re-sends what the rule discarded; with a robust rule use fp16, bf16, int8 "
                 "or int4 without up_feedback"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _schedules_span_the_run(self) -> RunConfig:
+        """A schedule over rounds without its own horizon spans the run's rounds (written into the
+        resolved config, so the run directory says what was used)."""
+        algorithm, local = self.algorithm, self.algorithm.local
+        if not local.round_schedule.constant and local.round_schedule.steps is None:
+            spanned = local.round_schedule.model_copy(update={"steps": self.rounds})
+            object.__setattr__(algorithm, "local", local.model_copy(update={"round_schedule": spanned}))
+        server = getattr(algorithm, "server_schedule", None)
+        if server is not None and not server.constant and server.steps is None:
+            object.__setattr__(algorithm, "server_schedule", server.model_copy(update={"steps": self.rounds}))
         return self
 
     @model_validator(mode="after")

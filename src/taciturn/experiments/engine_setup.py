@@ -56,6 +56,22 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
                 "a model's buffers (BatchNorm statistics) per client; use 'sequential', 'parallel' or 'auto'"
             )
         weighted = False  # auto: no vectorized path
+    if getattr(task, "random_layers", False):
+        if engine.executor.endswith("vectorized"):
+            raise ConfigError(
+                f"[engine.executor] '{engine.executor}' trains clients under vmap, which cannot draw a "
+                "model's dropout masks per client from the run's seeded streams; use 'sequential', "
+                "'parallel' or 'auto' (or dropout p = 0)"
+            )
+        weighted = False  # auto: no vectorized path
+    if config.algorithm.local.precision == "fp16":
+        if engine.executor.endswith("vectorized"):
+            raise ConfigError(
+                f"[engine.executor] '{engine.executor}' steps every client at once, which fp16's loss "
+                "scaling cannot (it skips one client's overflowing step); use precision = 'bf16', or "
+                "'sequential', 'parallel' or 'auto'"
+            )
+        weighted = False  # auto: no vectorized path
     if engine.executor.endswith("vectorized") and not weighted:
         raise ConfigError(
             f"[engine.executor] '{engine.executor}' needs a task whose loss takes sample weights"
@@ -93,8 +109,14 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
             engine.executor, workers if engine.executor.startswith("parallel") else 0, "set in the config"
         )
     if not weighted:  # e.g. a language model: one client at a time keeps every thread on its large products
-        why = "the model's buffers rule out" if getattr(task, "buffers", None) else "this task has no"
-        return choice.Choice("sequential", 0, f"{why} a vectorized path and its steps use all threads")
+        why = "this task has no vectorized path"
+        if getattr(task, "buffers", None):
+            why = "the model's buffers rule out a vectorized path"
+        elif getattr(task, "random_layers", False):
+            why = "the model's dropout rules out a vectorized path"
+        elif config.algorithm.local.precision == "fp16":
+            why = "fp16's per-client loss scaling rules out a vectorized path"
+        return choice.Choice("sequential", 0, f"{why} and its steps use all threads")
     local = config.algorithm.local
     clients = config.algorithm.clients_per_round(data.num_clients)
     mean_size = data.num_samples / data.num_clients
