@@ -171,6 +171,11 @@ def test_resume_equals_an_uninterrupted_run_and_the_columns_can_be_watched(tmp_p
         ({"eval": {"client_holdout": 0.3}}, r"client_holdout applies only with eval.clients > 0"),
         ({"eval": {"clients": 0.5, "client_holdout": 1.0}}, r"eval.client_holdout"),
         ({"eval": {"clients": 1.5}}, r"eval.clients"),
+        (  # each sampled client's exact score is no DP quantity
+            {"eval": {"clients": 0.5}, "privacy": {"enabled": True, "noise_multiplier": 1.0}},
+            r"eval.clients with \[privacy\]",
+        ),
+        ({"eval": {"clients": 0.5}, "secagg": {"enabled": True}}, r"eval.clients with \[secagg\]"),
     ],
 )
 def test_bad_settings_fail_before_work(tree, message):

@@ -527,6 +527,13 @@ class RunConfig(StrictModel):
                 "eval.clients: client-side evaluation scores class labels and your metrics, not the "
                 "language-model task's generations; leave it at 0 with model.kind = 'causal_lm'"
             )
+        if self.eval.clients and (self.privacy.enabled or self.secagg.enabled):
+            table = "[privacy]" if self.privacy.enabled else "[secagg]"
+            raise ValueError(
+                f"eval.clients with {table}: client-side evaluation writes each sampled client's exact "
+                "score on its own data into metrics.jsonl, which the mechanism does not cover; leave "
+                "eval.clients at 0 in a private run"
+            )
         if self.analysis.enabled and self.engine.executor.startswith(("parallel", "ray")):
             raise ValueError(
                 "[analysis] needs every client's update in this process; use engine.executor = "
