@@ -37,7 +37,7 @@ matplotlib.use("Agg")
 import fedq_instances as across
 import matplotlib.pyplot as plt
 import numpy as np
-from docs_section import replace_titled_section
+from protocol import Protocol, replace_titled_section
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -391,8 +391,12 @@ class Bench:
 
     # ----- across MDP instances (issue 19, point 6) -----
     def instances(self) -> dict:
+        """The claim-carrying part: instances are the report seeds, nothing is tuned (c = iota = 1)."""
         s, started = self.scale, time.perf_counter()
         out = {"count": s.instances, "paths_per_instance": s.instance_paths}
+        learners = ("FedQ-H (M=10)", "FedQ-B (M=10)", "UCB-H (M=1)", "UCB-B (M=1)")
+        protocol = Protocol("none", (), tuple(range(s.instances)), smoke=s != FULL)
+        out["protocol"] = protocol.record(dict.fromkeys(learners, 1))
         out["headline"] = self.instances_headline()
         out["headline_wall_s"] = time.perf_counter() - started
         out["rounds"] = self.instances_rounds()
@@ -797,6 +801,7 @@ def run(scale: Scale, out: Path | None, console: Console, parts: tuple[str, ...]
             results["icml_rounds"] = bench.icml_rounds()
         if "instances" in parts:
             results["instances"] = bench.instances()
+            results["protocol"] = results["instances"]["protocol"]
     if "instances" in parts:
         console.print("\n".join(across.markdown(results["instances"])), markup=False, highlight=False)
     if "single" not in parts:

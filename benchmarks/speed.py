@@ -33,8 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from docs_section import markdown_table, replace_section
-from intervals import t_interval
+from protocol import markdown_table, replace_section, t_interval
 from rich.console import Console
 from rich.table import Table
 
