@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -44,7 +45,6 @@ import numpy as np
 from protocol import Protocol, paired, protocol_lines, t_interval
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from taciturn.experiments.bandits import build
 from taciturn.experiments.bandits_config import BanditsConfig
@@ -396,17 +396,6 @@ def write_docs(markdown: str) -> Path:
     return docs
 
 
-def print_table(summary: dict) -> None:
-    table = Table(title="final regret (mean over runs)")
-    methods = list(METHODS + EXTRA)
-    table.add_column("setting")
-    for m in methods:
-        table.add_column(m, justify="right")
-    for s, by_method in summary["final_regret"].items():
-        table.add_row(s, *(f"{by_method[m]:.0f}" for m in methods))
-    Console().print(table)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -463,10 +452,13 @@ def main(argv: list[str] | None = None) -> int:
         "command": COMMAND + (" --quick" if args.quick else ""),
     }
     (out / "bass.json").write_text(json.dumps(payload, indent=1, default=list))
-    print_table(summary)
-    if not args.quick:
-        relative = {k: str(p.relative_to(ROOT / "docs")) for k, p in plots.items()}
-        write_docs(tables_markdown(summary, variants, relative, record, paired_lines))
+    relative = {k: os.path.relpath(p, ROOT / "docs") for k, p in plots.items()}
+    text = tables_markdown(summary, variants, relative, record, paired_lines)
+    Console().print(text, markup=False, highlight=False)
+    if args.quick:  # a smoke run: the same block, beside its results, not in the docs
+        (out / "bass.md").write_text(text)
+    else:
+        write_docs(text)
     Console(stderr=True).print(f"results: {out / 'bass.json'} ({payload['wall_s']} s)")
     return 0
 

@@ -470,15 +470,18 @@ def report_runs(setting, choice, calibrations, protocol: Protocol, jobs: int) ->
     return {(s.method, s.knob, s.seed): r for s, r in run_all(setting, specs, jobs).items()}
 
 
-def cell(runs: dict, method: str, knob: str | None, target: float, seeds, measure="events") -> dict:
-    """A method's cost to ``target`` on each report seed, and its mean and interval if every seed
-    reached it."""
+def cell(runs: dict, method: str, knob: str | None, target: float, seeds) -> dict:
+    """A method's events (and bytes) to ``target`` on each report seed, with the mean and interval
+    where every seed reached it."""
     if knob is None:
-        return {"knob": None, "per_seed": None, "reached": 0, "estimate": Estimate(None, None, None, 0)}
-    values = [runs[(method, knob, s)].cost(target, measure) for s in seeds]
-    reached = sum(v is not None for v in values)
-    est = estimate(values) if reached == len(values) else Estimate(None, None, None, reached)
-    return {"knob": knob, "per_seed": values, "reached": reached, "estimate": est}
+        return {"knob": None, "per_seed": None, "reached": 0}
+    out = {"knob": knob}
+    for measure in ("bytes", "events"):
+        values = [runs[(method, knob, s)].cost(target, measure) for s in seeds]
+        reached = sum(v is not None for v in values)
+        est = estimate(values) if reached == len(values) else Estimate(None, None, None, reached)
+        out |= {measure: est.as_dict(), "per_seed": values, "reached": reached}
+    return out
 
 
 def compare(event: dict, base: dict, names: tuple[str, str]) -> dict[str, Any]:
@@ -512,11 +515,7 @@ def report(setting, protocol: Protocol, tuned, choice, reported, calibrations, f
     table: dict[str, dict[str, dict]] = {}
     for method, by_target in choice["chosen"].items():
         for t in targets:
-            knob = by_target[str(t)].label
-            row = cell(reported, method, knob, t, seeds)
-            table.setdefault(method, {})[str(t)] = row | {
-                "bytes": cell(reported, method, knob, t, seeds, "bytes")
-            }
+            table.setdefault(method, {})[str(t)] = cell(reported, method, by_target[str(t)].label, t, seeds)
     comparisons: dict[str, dict[str, dict[str, dict]]] = {}
     for comparator in COMPARATORS:
         for t in targets:
@@ -538,19 +537,7 @@ def report(setting, protocol: Protocol, tuned, choice, reported, calibrations, f
             m: {str(t): c.scores for t, c in zip(targets, by.values(), strict=True)}
             for m, by in choice["chosen"].items()
         },
-        "table": {
-            m: {
-                t: {
-                    "knob": c["knob"],
-                    "per_seed": c["per_seed"],
-                    "reached": c["reached"],
-                    "events": c["estimate"].as_dict(),
-                    "bytes": c["bytes"]["estimate"].as_dict(),
-                }
-                for t, c in by.items()
-            }
-            for m, by in table.items()
-        },
+        "table": table,
         "comparisons": comparisons,
         "conclusions": conclusions(comparisons, targets),
         "search_cost": {

@@ -10,7 +10,7 @@
    A method given more configurations than another wins on the tuning, not the method.
 3. **Paired seeds.** Every method runs on the same report seeds (the same data, partition and
    initial draw per seed), so comparisons are paired: a t-interval of the per-seed differences
-   (or log ratios) and Wilcoxon's signed-rank test beside it (SciPy's ``ttest_1samp`` and
+   (or log ratios) and Wilcoxon's signed-rank test beside it (``scipy.stats.t`` and
    ``wilcoxon``; with 5 seeds Wilcoxon's smallest two-sided p is 1/16, so the interval decides).
 4. **Intervals over what varies.** Over seeds where only the seed varies; where seeds and test
    examples both vary (a language model's Rouge-L), ``hierarchical_bootstrap`` resamples seeds, then
@@ -387,30 +387,6 @@ def seeds_for_power(
     return None
 
 
-def bootstrap_interval(
-    values: Sequence[float],
-    statistic: Callable[[np.ndarray], float] = np.mean,
-    level: float = LEVEL,
-    resamples: int = 9999,
-    seed: int = 0,
-) -> Interval:
-    """Percentile bootstrap (Efron & Tibshirani 1993, Sec. 13.3) of ``statistic`` over repetitions."""
-    x = _values(values)
-    if np.all(x == x[0]):
-        value = float(statistic(x))
-        return value, value
-    result = stats.bootstrap(
-        (x,),
-        lambda sample, axis: np.apply_along_axis(statistic, axis, sample),
-        confidence_level=level,
-        n_resamples=resamples,
-        method="percentile",
-        vectorized=True,
-        random_state=np.random.default_rng(seed),
-    )
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)
-
-
 def bootstrap_groups(
     groups: Sequence[Sequence[float]],
     statistic: Callable[..., float],
@@ -496,21 +472,6 @@ def replace_section(name: str, body: str, title: str, path: Path = DOCS) -> Path
         text = text.rstrip() + f"\n\n## {title}\n\n{block}\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-    return path
-
-
-def replace_titled_section(title: str, text: str, path: Path = DOCS) -> Path:
-    """Replace the whole section whose heading starts with ``## title`` by ``text`` (which starts
-    with its own heading), up to the next ``## `` heading; append it if there is none yet."""
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    start = old.find(f"## {title}")
-    if start < 0:
-        new = old.rstrip("\n") + "\n\n" + text.strip("\n") + "\n"
-    else:
-        end = old.find("\n## ", start + 1)
-        new = old[:start] + text.strip("\n") + "\n" + ("" if end < 0 else old[end:])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(new)
     return path
 
 

@@ -56,13 +56,12 @@ from protocol import (
     bootstrap_groups,
     paired,
     protocol_lines,
-    replace_titled_section,
+    replace_section,
     seeds_for_power,
     t_interval,
 )
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from run_key import append_run, read_runs, run_key
 
 from taciturn.algorithms.fedavg import FedAvgState
@@ -76,6 +75,7 @@ from taciturn.tasks.lazy import divergence, linearized_fedavg, outputs, rmse
 from taciturn.tasks.ntk import empirical_ntk
 
 ROOT = Path(__file__).resolve().parent.parent
+TITLE = "Wide FedAvg: does widening the network shrink the harm of heterogeneity?"
 PAPER_GAP = {1: 17.4, 2: 9.5, 4: 6.3, 16: 2.0}  # Jian & Liu, FNN_k on MNIST, IID minus non-IID (points)
 console = Console()
 
@@ -638,47 +638,6 @@ def with_interval(value: float, ci: list[float] | None, sign: str = "") -> tuple
     return text(value), f"[{text(ci[0])}, {text(ci[1])}]"
 
 
-def print_tables(scale: Scale, theory: dict, layers: dict, practical: dict) -> None:
-    for tau in scale.taus:
-        table = Table(title=f"Theory-faithful, tau = {tau}: means over seeds; slopes against width")
-        for c in ("n", "(a)", "(a) n=inf", "(a) rest", "(b)", "(c)", "(d) Taylor", "(d) Thm 2", "loss F/C"):
-            table.add_column(c, justify="right")
-        for n in scale.widths:
-            m = theory["mean"][tau][n]
-            table.add_row(
-                str(n),
-                *(f"{m[k]:.4f}" for k in ("output_rmse_at_end", "floor", "nonlinear", "divergence")),
-                *(f"{m[k]:.4f}" for k in ("ntk_change", "linearization_rmse", "linearized_fedavg_rmse")),
-                f"{m['test_loss']:.3f}/{m['centralized_test_loss']:.3f}",
-            )
-        s = theory["slopes"][tau]
-        names = ("output_rmse", "nonlinear", "divergence", "ntk_change", "linearization", "linearized_fedavg")
-        slopes = [f"{s[k]:+.2f}" for k in names]
-        table.add_row("slope", slopes[0], "", *slopes[1:], "", style="bold")
-        console.print(table)
-    table = Table(title="(b) by layer: divergence, first rounds, seed 0")
-    for c in ("n", *next(iter(layers.values()))):
-        table.add_column(c, justify="right")
-    for n, row in layers.items():
-        table.add_row(str(n), *(f"{v:.4f}" for v in row.values()))
-    console.print(table)
-    table = Table(title="Practical: IID minus Dirichlet(0.1) test accuracy")
-    for c in ("k", "hidden", "lr", "lrs tried", "IID", "non-IID", "gap (points)", "95% CI", "paper, MNIST"):
-        table.add_column(c, justify="right")
-    for k, row in practical.items():
-        table.add_row(
-            str(k),
-            str(200 * k),
-            str(row["lr"]),
-            ", ".join(map(str, row["lrs_tried"])),
-            f"{row['iid']:.4f}",
-            f"{row['non-iid']:.4f}",
-            *with_interval(row["gap_points"], row["gap_ci"]),
-            str(PAPER_GAP.get(k, "-")),
-        )
-    console.print(table)
-
-
 def markdown(
     scale: Scale,
     theory: dict,
@@ -690,8 +649,6 @@ def markdown(
 ) -> str:
     tau = scale.taus[-1]
     lines = [
-        "## Wide FedAvg: does widening the network shrink the harm of heterogeneity?",
-        "",
         'Jian & Liu, "Widening the Network Mitigates the Impact of Data Heterogeneity on FedAvg", ICML 2025.',
         f"Reproduce with `{command}` ({minutes:.0f} minutes on the 2-core CPU; `--quick` runs the same code "
         "at tiny scale in a few minutes, a smoke test). Numbers: `benchmarks/results/wide_fedavg.json`.",
@@ -873,7 +830,6 @@ def main(argv: list[str] | None = None) -> int:
     practical_runs = run_all(report_jobs, practical_summary, log)
     practical = practical_table(scale, practical_runs, lrs, tried)
     gap_change = width_effect(scale, practical)
-    print_tables(scale, theory, layers, practical)
 
     images = ROOT / "docs" / "img" if not args.quick else out
     plot_theory(scale, theory, images / "wide_fedavg_theory.png")
@@ -904,12 +860,13 @@ def main(argv: list[str] | None = None) -> int:
     target = out / "wide_fedavg.json" if args.quick else ROOT / "benchmarks" / "results" / "wide_fedavg.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(results, indent=1, default=str))
-    if not args.quick:
-        command = "python benchmarks/wide_fedavg.py"
-        findings = ROOT / "benchmarks" / "wide_fedavg_findings.md"  # the reading of the numbers, by hand
-        text = markdown(scale, theory, layers, practical, command, minutes, results)
-        prose = findings.read_text() if findings.exists() else ""
-        replace_titled_section("Wide FedAvg", text + ("\n" + prose if prose else ""))
+    command = "python benchmarks/wide_fedavg.py" + (" --quick" if args.quick else "")
+    text = markdown(scale, theory, layers, practical, command, minutes, results)
+    console.print(text, markup=False, highlight=False)
+    if args.quick:  # a smoke run: the same section, beside its results, not in the docs
+        (out / "wide_fedavg.md").write_text(text)
+    else:
+        replace_section("wide_fedavg", text, TITLE)  # the reading after the block is written by hand
     console.print(f"results: {target} ({minutes:.1f} min)")
     return 0
 

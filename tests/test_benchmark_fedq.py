@@ -42,7 +42,7 @@ def test_the_benchmark_produces_the_issue_schema_plots_and_docs_at_micro_scale(m
     for png in ("fedq_iclr.png", "fedq_icml_regret.png", "fedq_icml_rounds.png", "fedq_instances.png"):
         assert (out / png).stat().st_size > 1000
     text = bench.markdown(results)
-    assert text.startswith(bench.SECTION) and bench.COMMAND in text and "| FedQ-H (M=10) |" in text
+    assert text.startswith("FedQ-Hoeffding") and bench.COMMAND in text and "| FedQ-H (M=10) |" in text
     assert "Sensitivity: mean slope" in text and f"{bench.COMMAND} --instances-only" in text
     without = {k: v for k, v in results.items() if k != "instances"}
     assert "Not yet run at full scale" in bench.markdown(without)

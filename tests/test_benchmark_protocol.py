@@ -173,8 +173,8 @@ def test_the_hierarchical_bootstrap_resamples_seeds_not_only_examples():
         protocol.hierarchical_bootstrap([20], statistic)
 
 
-def test_bootstraps_over_repetitions_and_groups():
-    assert protocol.bootstrap_interval([0.0, 1.0]) == (0.0, 1.0)  # means 0, 1/2, 1 w.p. 1/4, 1/2, 1/4
+def test_a_bootstrap_over_groups_resamples_each_group_on_its_own():
+    # the second group never varies; the first's means are 0, 1/2, 1 w.p. 1/4, 1/2, 1/4
     lo, hi = protocol.bootstrap_groups([[0.0, 1.0], [10.0, 10.0]], lambda a, b: b.mean() - a.mean())
     assert (lo, hi) == (9.0, 10.0)
 

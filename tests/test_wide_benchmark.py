@@ -9,24 +9,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import wide_fedavg
-from protocol import replace_titled_section
 
 
 def test_fit_slope_recovers_a_power_law():
     widths = [64, 128, 256, 512]
     assert wide_fedavg.fit_slope(widths, [3.0 * n**-0.5 for n in widths]) == pytest.approx(-0.5)
-
-
-def test_the_docs_section_is_replaced_and_the_others_kept(tmp_path):
-    docs = tmp_path / "benchmarks.md"
-    docs.write_text("# Benchmarks\n\n## Other\nkeep me\n\n## Wide FedAvg: old\nstale\n\n## Later\nkeep too\n")
-    replace_titled_section("Wide FedAvg", "## Wide FedAvg: new\nfresh\n", docs)
-    text = docs.read_text()
-    assert "stale" not in text and "## Wide FedAvg: new\nfresh\n\n## Later" in text
-    assert text.index("keep me") < text.index("fresh") < text.index("keep too")
-    empty = tmp_path / "none.md"
-    replace_titled_section("Wide FedAvg", "## Wide FedAvg: new\n", empty)
-    assert empty.read_text() == "# Benchmarks\n\n## Wide FedAvg: new\n"
 
 
 def test_the_full_scale_is_the_issue_s_and_configs_validate():
