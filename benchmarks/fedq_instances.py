@@ -109,6 +109,8 @@ def difference_sentence(name_a: str, name_b: str, d: dict, unit: str = "") -> st
     wilcoxon = "n/a" if d["wilcoxon_p"] is None else f"{d['wilcoxon_p']:.3g}"
     text = f"{name_a} - {name_b}{unit}: {d['mean']:+.3g} [{d['lo']:+.3g}, {d['hi']:+.3g}]"
     text += f" over {d['n']} instances (paired; Wilcoxon p = {wilcoxon}; {d['agree']} of {d['n']} agree)"
+    if d["sign"] is None and (d["lo"] > 0 or d["hi"] < 0):
+        return f"{text}; the interval excludes 0 but Wilcoxon's test does not agree at 5%: no conclusion"
     if d["sign"] is None:
         return f"{text}; the interval contains 0: no difference detected"
     return f"{text}; {name_a} is {d['sign']} {name_b} (95% interval excludes 0)"

@@ -19,8 +19,9 @@
 5. **Thresholds exactly.** ``trailing_mean`` sums each window on its own (math.fsum), not as a
    difference of cumulative sums, whose rounding turned an exact tie 0.8394/0.8406/0.84 into
    0.83999...; ``reaches`` compares with ``TOLERANCE`` (1e-9, far below one test example in 10^4).
-6. **Claims by code.** ``Paired.sentence`` states a direction only where the paired 95% interval
-   excludes "no difference"; otherwise it says "no conclusion", with the interval.
+6. **Claims by code.** ``Paired.sentence`` states a direction only where the paired 95% t-interval
+   excludes "no difference" and, where there are seeds enough for it to reject (n >= 6), Wilcoxon's
+   test agrees at 5%; otherwise it says "no conclusion", with the interval.
 
 Every results JSON carries ``Protocol.record``: {"selection", "tuning_seeds", "report_seeds",
 "configs_per_method"}.
@@ -299,8 +300,18 @@ class Paired:
         return 1.0 if self.scale == "ratio" else 0.0
 
     @property
+    def signed_ranks_disagree(self) -> bool:
+        """The t-interval excludes no difference, but Wilcoxon's test, with the seeds to reject at
+        5% (n >= 6: the smallest two-sided p is 2 / 2^n), does not."""
+        excluded = self.lo > self.null or self.hi < self.null
+        return excluded and self.n >= 6 and (self.wilcoxon_p is None or self.wilcoxon_p >= 0.05)
+
+    @property
     def direction(self) -> int:
-        """+1: a above b, -1: a below b, with the whole interval; 0: no conclusion."""
+        """+1: a above b, -1: a below b, with the whole t-interval and, where it can reject,
+        Wilcoxon's test at 5%; 0: no conclusion."""
+        if self.signed_ranks_disagree:
+            return 0
         return 1 if self.lo > self.null else -1 if self.hi < self.null else 0
 
     def as_dict(self) -> dict[str, Any]:
@@ -328,7 +339,10 @@ class Paired:
             d = digits
             stated = f"difference {self.mean:+.{d}f} [{self.lo:+.{d}f}, {self.hi:+.{d}f}]"
         if self.direction == 0:
-            none = f"no conclusion, {stated} contains {self.null:g}"
+            disagree = f"excludes {self.null:g} but Wilcoxon's test does not agree at 5%"
+            none = f"no conclusion, {stated} " + (
+                disagree if self.signed_ranks_disagree else f"contains {self.null:g}"
+            )
             return f"{self.a} against {self.b} on {what}: {none} ({tail})."
         lower = self.direction < 0
         word = "better" if lower == lower_is_better else "worse"

@@ -188,3 +188,18 @@ def test_a_generated_block_is_replaced_and_the_text_around_it_kept(tmp_path):
     protocol.replace_section("y", "fresh", "Y", path)
     assert path.read_text().endswith("## Y\n\n<!-- y:begin -->\nfresh\n<!-- y:end -->\n")
     assert protocol.markdown_table(["a", "b"], [[1, 2]]) == "| a | b |\n|---|---|\n| 1 | 2 |"
+
+
+def test_a_t_interval_that_excludes_zero_is_no_claim_where_the_signed_ranks_disagree():
+    """Issue 42's FedQ-B against UCB-B over ten MDP instances: the t-interval ends at -0.009, 6 of 10
+    instances agree, Wilcoxon p = 0.084: no conclusion. With five seeds Wilcoxon cannot reject (its
+    smallest p is 1/16), so there the t-interval alone decides."""
+    fedq_b = [2.2183, 1.8626, 2.3486, 2.5642, 2.1181, 2.1055, 2.5673, 2.1881, 2.687, 2.5167]
+    ucb_b = [2.3555, 1.8536, 2.4978, 2.512, 2.0963, 2.2816, 2.7384, 2.1355, 2.8242, 2.7576]
+    p = protocol.paired(fedq_b, ucb_b, ("FedQ-B", "UCB-B"))
+    assert p.hi < 0 and p.hi == pytest.approx(-0.0094, abs=1e-4) and p.agree == 6
+    assert 0.05 < p.wilcoxon_p < 0.09  # 0.084 unrounded; 82 / 1024 with these four-digit values
+    assert p.direction == 0 and p.signed_ranks_disagree
+    assert "excludes 0 but Wilcoxon's test does not agree at 5%" in p.sentence("normalised regret")
+    five = protocol.paired([11.0, 12.0, 13.0, 12.0, 12.0], [10.0] * 5)  # Wilcoxon p = 1/16 > 0.05
+    assert five.direction == 1 and not five.signed_ranks_disagree
