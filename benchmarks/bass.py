@@ -170,7 +170,8 @@ def comparison_lines(comparisons: dict[str, dict[str, dict]]) -> list[str]:
                 f"{c['ci'][1]:+.0f}] (paired over {c['n']} runs; Wilcoxon p = {c['wilcoxon_p']:.3g}; "
                 f"{c['agree']} of {c['n']} runs agree)."
             )
-    lines.append("No conclusion (the paired interval contains 0): " + (", ".join(open_) or "none") + ".")
+    no = "No conclusion (the paired interval contains 0, or Wilcoxon's test disagrees): "
+    lines.append(no + (", ".join(open_) or "none") + ".")
     return lines
 
 
@@ -337,9 +338,10 @@ def tables_markdown(
     summary: dict, variants: dict, plots: dict[str, str], record: dict | None = None, paired_lines=()
 ) -> str:
     methods = list(METHODS + EXTRA)
+    runs = len(next(iter(next(iter(summary["final_regret_by_run"].values())).values())))
     lines = [protocol_lines(record), ""] if record else []
     lines += [
-        "Final cumulative pseudo-regret at T over the 10 runs, lower is better: the mean and its "
+        f"Final cumulative pseudo-regret at T over the {runs} runs, lower is better: the mean and its "
         "Student-t 95% interval, below it the median [interquartile range], which one stuck run "
         "cannot drag:",
         "",

@@ -219,4 +219,4 @@ def test_bass_is_compared_run_by_run_with_a_paired_interval():
     assert out["direction"] == -1 and out["wilcoxon_p"] == pytest.approx(1 / 16)
     lines = bench.comparison_lines({"N6_C2": {"club": out}})
     assert lines[0].startswith("N6_C2: BASS has lower final regret than club, -4 [")
-    assert lines[-1] == "No conclusion (the paired interval contains 0): none."
+    assert lines[-1] == "No conclusion (the paired interval contains 0, or Wilcoxon's test disagrees): none."
