@@ -493,7 +493,8 @@ def protocol_lines(record: Mapping[str, Any]) -> str:
     """The docs sentence that states a results file's protocol."""
     configs = record["configs_per_method"]
     sizes = sorted(set(configs.values()))
-    searched = f"{sizes[0]} configurations per method" if len(sizes) == 1 else f"searches of {configs}"
+    one = f"{sizes[0]} configuration{'s' if sizes[0] != 1 else ''} per method"
+    searched = one if len(sizes) == 1 else f"searches of {configs}"
     how = {
         "tuning_seeds": f"chosen on tuning seeds {record['tuning_seeds']}",
         "validation": f"chosen on validation splits of seeds {record['tuning_seeds']}",

@@ -405,7 +405,7 @@ def main() -> None:
     clean, attacked = attacks(s, acc)
     record = protocol(s, args.quick).record({"server rule": len(RULES)})
     results = {
-        "scale": "smoke (--quick): 1 seed, no intervals, not evidence" if args.quick else "full",
+        "scale": "smoke (--quick): 2 report seeds, not evidence" if args.quick else "full",
         "settings": s | {"epsilons": [str(e) for e in s["epsilons"]]},
         "clean": clean["mean"],
         "clean_cell": clean,
