@@ -436,7 +436,7 @@ def choose(setting, tuned: dict, protocol: Protocol) -> dict[str, Any]:
     for (method, knob, _), run in tuned.items():
         groups.setdefault((method, knob), []).append(run)
     ceiling = max(float(np.mean([r.best_accuracy() for r in g])) for g in groups.values())
-    targets = [floor_to(ceiling - off) for off in setting["target_offsets"]]
+    targets = [t for off in setting["target_offsets"] if (t := floor_to(ceiling - off)) > 0]
     chosen: dict[str, dict[str, Any]] = {}
     for method, search in searches(setting).items():
         for target in targets:
@@ -500,6 +500,11 @@ def compare(event: dict, base: dict, names: tuple[str, str]) -> dict[str, Any]:
         return out | {
             "cell": f"n/a ({why})",
             "sentence": f"{names[0]} against {names[1]}: not paired ({why}).",
+        }
+    if min(*event["per_seed"], *base["per_seed"]) <= 0:  # the initial model already reached it
+        return out | {
+            "cell": "n/a (reached before any event)",
+            "sentence": f"{names[0]} against {names[1]}: the target was reached before any event: no ratio.",
         }
     p = paired(event["per_seed"], base["per_seed"], names, ratio=True)
     mark = "" if p.direction == 0 else " (separates)"

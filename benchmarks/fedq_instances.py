@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from itertools import combinations, pairwise
 
 import numpy as np
-from protocol import IntervalError, paired, protocol_lines, separated, t_interval
+from protocol import IntervalError, estimate, paired, protocol_lines, separated
 
 SWEPT = ("M", "S", "A")
 BASE = {"S": 2, "A": 2, "M": 2}  # ICML 2025 sweeps: the two quantities not swept stay at 2 (H = 2)
@@ -63,27 +63,12 @@ def delta_bin(delta: float, edges: Sequence[float] = DELTA_EDGES) -> str:
 
 
 def summary(values: Sequence[float]) -> dict:
-    """Mean and 95% t-interval over instances, with median, range and n (finite values only).
-
-    lo and hi are None with fewer than two finite values (no interval can be stated).
-    """
+    """Mean and 95% t-interval over instances (protocol.estimate: lo and hi None with fewer than two
+    finite values), with median and range."""
     x = np.asarray(values, dtype=float)
     x = x[np.isfinite(x)]
-    if x.size == 0:
-        return {"mean": None, "lo": None, "hi": None, "median": None, "min": None, "max": None, "n": 0}
-    try:
-        lo, hi = t_interval(x)
-    except IntervalError:
-        lo = hi = None
-    return {
-        "mean": float(x.mean()),
-        "lo": lo,
-        "hi": hi,
-        "median": float(np.median(x)),
-        "min": float(x.min()),
-        "max": float(x.max()),
-        "n": int(x.size),
-    }
+    spread = (float(np.median(x)), float(x.min()), float(x.max())) if x.size else (None, None, None)
+    return estimate(x).as_dict() | dict(zip(("median", "min", "max"), spread, strict=True))
 
 
 def difference(a: Sequence[float], b: Sequence[float]) -> dict:

@@ -396,18 +396,13 @@ def statistics(by_method: dict[str, list[dict]], seed: int = 0) -> dict:
             out[n][m] = (boot.point[f"{n}/{m}"], list(boot.interval[f"{n}/{m}"]))
     for n, b in pairs:
         for m in METRICS:
-            per_seed = [
-                seed_means([x], m) - seed_means([y], m)
-                for x, y in zip(by_method[n], by_method[b], strict=True)
-            ]
-            test = paired(
-                [seed_means([x], m) for x in by_method[n]], [seed_means([y], m) for y in by_method[b]], (n, b)
-            )
+            seed_level = [[seed_means([run], m) for run in by_method[name]] for name in (n, b)]
+            test = paired(*seed_level, (n, b))
             out[n][f"{m}_minus_{b}"] = (boot.point[f"{n}-{b}/{m}"], list(boot.interval[f"{n}-{b}/{m}"]))
-            out[n][f"{m}_minus_{b}_by_seed"] = per_seed
+            out[n][f"{m}_minus_{b}_by_seed"] = test.per_seed
             out[n][f"{m}_minus_{b}_paired"] = test.as_dict()
             out[n][f"{m}_minus_{b}_seeds_for_power"] = (
-                seeds_for_power(per_seed, test.mean) if test.mean else None
+                seeds_for_power(test.per_seed, test.mean) if test.mean else None
             )
     return out
 

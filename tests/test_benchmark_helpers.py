@@ -164,3 +164,10 @@ def test_the_pareto_front_drops_dominated_configurations():
         ("fedavg", "c", 0): fake_run(bench, "fedavg", "c", 0, [0.75], 30),  # dominated by b
     }
     assert [p["knob"] for p in bench.pareto(tuned)["fedavg"]] == ["a", "b"]
+
+
+def test_a_target_the_initial_model_already_reaches_gives_no_ratio():
+    bench = event_benchmark()
+    zero = {"knob": "k", "per_seed": [0.0, 10.0], "reached": 2}
+    out = bench.compare(zero, {"knob": "k", "per_seed": [5.0, 10.0], "reached": 2}, ("e", "f"))
+    assert out["paired"] is None and out["cell"] == "n/a (reached before any event)"
