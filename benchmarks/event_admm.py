@@ -804,7 +804,7 @@ def main(argv: list[str] | None = None) -> int:
     command = f"python benchmarks/event_admm.py --settings {args.settings}" + (
         " --quick" if args.quick else ""
     )
-    sizes = budget(searches(SETTINGS[names[0]](args.quick)))
+    sizes = {m: n for name in names for m, n in budget(searches(SETTINGS[name](args.quick))).items()}
     results: dict[str, Any] = {
         "quick": args.quick,
         "command": command,
