@@ -915,7 +915,9 @@ one after another on one machine:
 Ratios, within seeds: a Ferret round takes {r["ferret_over_fedavg_s_per_round"]:.2f}x a FedAvg round;
 FedKSeed's {r["fedkseed_over_ferret_s_per_round"]:.2f}x Ferret's; FedAvg moves
 {r["fedavg_over_ferret_traffic"]:,.0f}x Ferret's bytes per client and round."""
-    replace_section("ferret", body, "Ferret, FedKSeed and full-parameter FedAvg on a language model")
+    # a smoke run's block goes beside its runs, not into the docs (their block is the full run's)
+    where = {"path": ROOT / "benchmarks" / "runs" / "ferret_smoke.md"} if results["scale"] == "smoke" else {}
+    replace_section("ferret", body, "Ferret, FedKSeed and full-parameter FedAvg on a language model", **where)
 
 
 # ----- speed: issue 20's target, Ferret's round against FedAvg's, FedKSeed's beside them -----
