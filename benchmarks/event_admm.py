@@ -832,13 +832,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def with_earlier_settings(results: dict[str, Any], out: Path) -> dict[str, Any]:
     """``results`` and the settings of the results file ``out`` that this invocation did not run,
-    if they were made under the same protocol: running ``--settings B`` keeps A's tables."""
+    if they were made on the same seeds: running ``--settings B`` keeps A's tables."""
     if not out.exists():
         return results
     earlier = json.loads(out.read_text())
-    if earlier.get("protocol") != results["protocol"]:
+    seeds = ("selection", "tuning_seeds", "report_seeds")
+    if {k: earlier["protocol"].get(k) for k in seeds} != {k: results["protocol"][k] for k in seeds}:
         return results
-    return results | {n: earlier[n] for n in SETTINGS if n in earlier and n not in results}
+    kept = {n: earlier[n] for n in SETTINGS if n in earlier and n not in results}
+    configs = earlier["protocol"]["configs_per_method"] | results["protocol"]["configs_per_method"]
+    return results | kept | {"protocol": results["protocol"] | {"configs_per_method": configs}}
 
 
 if __name__ == "__main__":

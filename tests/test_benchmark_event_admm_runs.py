@@ -65,13 +65,16 @@ def test_a_finished_run_is_read_back_from_the_log_instead_of_run_again(bench, mo
         bench.run_one(TINY, bench.Spec("fedavg", fedavg.point, 1))
 
 
-def test_running_one_setting_keeps_the_others_made_under_the_same_protocol(tmp_path):
+def test_running_one_setting_keeps_the_others_made_on_the_same_seeds(tmp_path):
     bench = load_benchmark("event_admm")
     out = tmp_path / "event_admm.json"
-    record = {"selection": "tuning_seeds", "tuning_seeds": [0, 1], "report_seeds": [10, 11, 12, 13, 14]}
-    out.write_text(json.dumps({"protocol": record, "A": {"ceiling": 0.8}, "B": {"ceiling": 0.5}}))
-    now = {"protocol": record, "B": {"ceiling": 0.6}}
-    assert bench.with_earlier_settings(now, out) == now | {"A": {"ceiling": 0.8}}  # B is the new one
-    other = {"protocol": record | {"report_seeds": [20, 21, 22, 23, 24]}, "B": {"ceiling": 0.6}}
+    seeds = {"selection": "tuning_seeds", "tuning_seeds": [0, 1], "report_seeds": [10, 11, 12, 13, 14]}
+    earlier = seeds | {"configs_per_method": {"fedavg": 21, "event_admm_dz": 21}}
+    out.write_text(json.dumps({"protocol": earlier, "A": {"ceiling": 0.8}, "C": {"ceiling": 0.5}}))
+    now = {"protocol": seeds | {"configs_per_method": {"fedavg": 21}}, "C": {"ceiling": 0.6}}
+    merged = bench.with_earlier_settings(now, out)
+    assert merged["A"] == {"ceiling": 0.8} and merged["C"] == {"ceiling": 0.6}  # C is the new one
+    assert merged["protocol"]["configs_per_method"] == {"fedavg": 21, "event_admm_dz": 21}
+    other = {"protocol": seeds | {"report_seeds": [20, 21, 22, 23, 24], "configs_per_method": {}}, "C": {}}
     assert bench.with_earlier_settings(other, out) == other
     assert bench.with_earlier_settings(now, tmp_path / "absent.json") == now
