@@ -80,6 +80,7 @@ class FedAvg(Algorithm):
     @classmethod
     def carries(cls, config: AlgorithmConfig) -> tuple[Carries, Carries]:
         return "updates", "values"  # deltas up, the model down
+
     def init_server(self, params: Params, num_clients: int) -> FedAvgState:
         return FedAvgState(clone(params))
 

@@ -20,6 +20,15 @@ Traps avoided, seen in public code: pfl-research 0.6 adds c - c_i with control v
 negative gradients (wrong sign) and keeps one shared option-I tensor for all clients; the
 event-ADMM authors' code scales by eta_l/K instead of 1/(K eta_l).
 
+``option = "event_admm_code"`` reproduces that code on purpose (Er, Trimpe, Muehlebach, ICML 2025,
+github.com/guner-dilsad-er/Distributed-Event-Based-ADMM at 8ac538e, admm/agents.py
+``Scaffold_Agent.c_i_update`` and admm/servers.py ``DriftServer.spin``), to measure the SCAFFOLD
+their comparison ran (research/event_admm.md, Sec. 4); it is not SCAFFOLD. Three things differ:
+    c_i+ = c_i - c + (eta_l / K)(x - y), K = local epochs   (the paper: 1/(K eta_l), K local steps;
+                                                               about 400x larger in their MNIST setting)
+    c <- c + sum_{i in S} (n_i / m_S)(1 / N) dc_i, m_S = sum_{i in S} n_i   (an extra 1/|S|)
+    the client keeps dc_i as its c_i (the code subtracts c_i in place after storing it).
+
 The correction enters the local objective as the linear term <y, c - c_i>, whose gradient is
 exactly c - c_i, so SCAFFOLD keeps the shared objective shape (and vmaps like the others).
 Messages carry two vectors each way, and the ledger counts both.
@@ -52,7 +61,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from taciturn.algorithms.base import (
     MAX_LR,
@@ -90,13 +99,26 @@ FULL_GRADIENT_BATCH = 1000
 
 class ScaffoldConfig(AlgorithmConfig):
     name: Literal["scaffold"] = "scaffold"
-    option: Literal["I", "II"] = Field("II", description="control-variate update (Alg. 1, line 12)")
+    option: Literal["I", "II", "event_admm_code"] = Field(
+        "II",
+        description="control-variate update (Alg. 1, line 12); event_admm_code: the event-ADMM "
+        "authors' public code, variates about 400x too small (a baseline to reproduce, not SCAFFOLD)",
+    )
     server_lr: float = Field(1.0, gt=0, le=MAX_LR, description="eta_g")
     server_schedule: Schedule = Field(Schedule(), description="eta_g over rounds (algorithms/schedule.py)")
     weighting: Literal["uniform", "samples"] = Field(
         "samples",
         description="p_i = 1/N (the paper) or n_i/n (FedAvg's sample weights) for both x and c",
     )
+
+    @model_validator(mode="after")
+    def _authors_code(self) -> ScaffoldConfig:
+        if self.option == "event_admm_code" and (self.local.steps is not None or self.weighting != "samples"):
+            raise ValueError(
+                "option 'event_admm_code' reproduces code that counts K in local epochs and weights by "
+                "samples: set algorithm.local.epochs (not steps) and weighting = 'samples'"
+            )
+        return self
 
 
 @dataclass
@@ -168,16 +190,22 @@ class Scaffold(Algorithm):
         x, c_i = work.params, work.consts["c_i"]
         if self.config.option == "I":
             c_new = full_gradient(ctx, x, self.buffers)
+        elif self.config.option == "event_admm_code":  # c_i - c + (eta_l / K)(x - y), on the weights
+            c = add(work.consts["correction"], c_i)
+            scale = self.config.local.lr / self.config.local.epochs
+            c_new = add(sub(c_i, c), sub(self.weights(x), result.params), scale)
         else:  # mean raw gradient = mean objective gradient minus the constant correction
             assert result.mean_gradient is not None
             c_new = sub(result.mean_gradient, work.consts["correction"])
+        dc = sub(c_new, c_i)
         uplink = Message.from_tensors(
-            {**with_prefix("dy", self.sent(sub(result.params, x))), **with_prefix("dc", sub(c_new, c_i))},
+            {**with_prefix("dy", self.sent(sub(result.params, x))), **with_prefix("dc", dc)},
             num_samples=ctx.num_samples,
             **loss_meta(result),
         )
         own = {n: result.params[n] for n in self.local_buffers}
-        return ClientOutput(uplink, state=with_prefix("c", c_new) | with_prefix("buffers", own))
+        kept = dc if self.config.option == "event_admm_code" else c_new  # the code's aliasing
+        return ClientOutput(uplink, state=with_prefix("c", kept) | with_prefix("buffers", own))
 
     def _weight(self, arrival: Arrival) -> float:
         """p_i from the server's own figures (num_samples was replaced by the trusted weight). The
@@ -211,7 +239,10 @@ class Scaffold(Algorithm):
         dx = {k: v / accumulated.weight for k, v in accumulated.dy.items()}  # weighted mean of dy
         lr = self.config.server_lr * self.config.server_schedule.factor(round - 1)
         x = state.params | self.server_step(state.params, dx, lr)
-        return ScaffoldState(x, add(state.control, accumulated.dc))
+        dc_scale = 1.0  # sum_S (n_i / n) dc_i, or the code's sum_S (n_i / m_S)(1 / N) dc_i
+        if self.config.option == "event_admm_code":
+            dc_scale = 1.0 / (accumulated.weight * self.num_clients)
+        return ScaffoldState(x, add(state.control, accumulated.dc, dc_scale))
 
     def global_params(self, state: ScaffoldState) -> Params:
         return state.params
