@@ -34,7 +34,7 @@ $(VISION)/.installed: pyproject.toml constraints-vision.txt
 vision-env: $(VISION)/.installed
 
 test: data vision-env
-	TACITURN_VISION_PYTHON=$(VISION)/bin/python $(BIN)/python -m pytest
+	TACITURN_VISION_PYTHON=$(CURDIR)/$(VISION)/bin/python $(BIN)/python -m pytest
 
 # the fuzz suite (tests/test_fuzz.py) with 50 times the examples `make test` runs
 soak: data

@@ -149,6 +149,7 @@ def test_vision_example(in_tmp):
                 f"torchvision does not import here ({type(error).__name__}: {error}); `make test` runs it"
             )
         python = sys.executable
+    python = str(REPO / python)  # a relative path names a file under the repository, not under in_tmp
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     done = subprocess.run(
         [python, str(REPO / "examples" / "vision.py")],
