@@ -253,13 +253,9 @@ def describe(point: Mapping[str, Any] | None) -> str:
     """'event_admm, topk, Delta = 1 unit, C = 0.1'."""
     if point is None:
         return "none"
-    delta = (
-        ""
-        if "delta" not in point
-        else ", Delta = 0"
-        if not point["delta"]
-        else f", Delta = {point['delta']:g} unit"
-    )
+    delta = ""
+    if "delta" in point:
+        delta = f", Delta = {point['delta']:g} unit" if point["delta"] else ", Delta = 0"
     return f"{point['method']}, {point['compressor']}{delta}, C = {point['fraction']:g}"
 
 
@@ -400,7 +396,7 @@ def verdict(where: str, comparisons: Mapping[str, Mapping[str, Any]]) -> dict[st
         "taciturn's best configuration needs at least 35% fewer bytes than the best uncompressed "
         "baseline and at least 10% fewer than the best compressed baseline"
     )
-    details = " ".join(comparisons[k]["sentence"] for k in SAVINGS)
+    details = " ".join(dict.fromkeys(comparisons[k]["sentence"] for k in SAVINGS))  # once if both say it
     return {"status": status, "sentence": f"{where}: {claim}: **{status}**. {details}"}
 
 
@@ -473,6 +469,9 @@ def report(setting, protocol: Protocol, grids, tuned, choice, reported, calibrat
                 comparisons[pool] = compare_saving(
                     ours["per_seed"], theirs["per_seed"], theirs["total"], saving, names
                 )
+                if ours["label"] == theirs["label"]:  # taciturn's best is a baseline configuration
+                    same = f"{POOL_NAMES['best']} is {POOL_NAMES[pool]} itself, "
+                    comparisons[pool]["sentence"] = same + comparisons[pool]["sentence"]
         per_target[str(t)] = {
             "cells": cells,
             "configs": {
@@ -501,7 +500,7 @@ def report(setting, protocol: Protocol, grids, tuned, choice, reported, calibrat
                 "bytes": float(
                     sum(bytes_of(tuned[(label(p), s)].rows[-1]) for p in g.points for s in tuning)
                 ),
-                "cpu_s": float(sum(tuned[(label(p), s)].wall_s for p in g.points for s in tuning)),
+                "wall_s": float(sum(tuned[(label(p), s)].wall_s for p in g.points for s in tuning)),
             }
             for m, g in grids.items()
         },
@@ -587,6 +586,7 @@ def plot(name: str, res: Mapping[str, Any], path: Path) -> Path:
         if xs:
             right.bar(xs, ys, width, yerr=np.array(errs).T, color=f"C{j}", label=POOL_NAMES[pool], capsize=3)
     right.set_xticks(range(len(res["targets"])), [f"{t:.0%}" for t in res["targets"]])
+    right.set_xlim(-0.5, len(res["targets"]) - 0.5)
     right.set(
         yscale="log",
         xlabel="target accuracy",
@@ -668,9 +668,9 @@ def render_setting(name: str, res: Mapping[str, Any], folder: Path) -> list[str]
         ),
         "What each family's search cost on the tuning seeds:\n\n"
         + markdown_table(
-            ["family", "runs", "GB sent", "CPU s"],
+            ["family", "runs", "GB sent", "wall s (one core each)"],
             [
-                [m, c["runs"], f"{c['bytes'] / 1e9:,.1f}", f"{c['cpu_s']:,.0f}"]
+                [m, c["runs"], f"{c['bytes'] / 1e9:,.1f}", f"{c['wall_s']:,.0f}"]
                 for m, c in res["search_cost"].items()
             ],
         ),
@@ -745,7 +745,7 @@ def demo_configs(results: Mapping[str, Any], setting: str = "B", target: str | N
             f"# taciturn demo: {POOL_NAMES[pool]} at {target} of benchmarks/frontier.py\n"
             f"# ({describe(config)}), chosen on its tuning seeds; bytes to the target on\n"
             f"# its report seeds: {interval}. Written by `python benchmarks/frontier.py\n"
-            "# --write-demo DIR` from benchmarks/results/frontier.json.\n"
+            f"# --write-demo DIR` from benchmarks/results/{results.get('file', 'frontier.json')}.\n"
         )
         out[file] = head + tomli_w.dumps(tree)
     return out
@@ -852,11 +852,13 @@ def main(argv: list[str] | None = None) -> int:
         "--write-demo",
         metavar="DIR",
         type=Path,
-        help="write the demo's two configs from benchmarks/results/frontier.json into DIR",
+        help="write the demo's two configs from benchmarks/results/frontier.json into DIR (and run nothing)",
     )
     args = parser.parse_args(argv)
-    if args.write_demo:
-        results = json.loads((RESULTS / "frontier.json").read_text())
+    if args.write_demo:  # with --quick, from the smoke run's results (to try the mechanism)
+        results = json.loads(
+            (RESULTS / ("frontier_quick.json" if args.quick else "frontier.json")).read_text()
+        )
         for path in write_demo(results, args.write_demo):
             console.print(f"demo config: {path}")
         return 0

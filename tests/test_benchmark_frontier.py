@@ -106,12 +106,15 @@ def test_the_verdict_of_a_target_needs_both_savings():
     met = {"status": "met", "sentence": "A."}
     unsure = {"status": "no conclusion", "sentence": "B."}
     missed = {"status": "not met", "sentence": "C."}
-    both = frontier.verdict("Setting B, 84%", {"baseline_best": met, "baseline_compressed_best": met})
+    also = {"status": "met", "sentence": "D."}
+    both = frontier.verdict("Setting B, 84%", {"baseline_best": met, "baseline_compressed_best": also})
     assert both["status"] == "met"
     assert both["sentence"] == (
         "Setting B, 84%: taciturn's best configuration needs at least 35% fewer bytes than the best "
-        "uncompressed baseline and at least 10% fewer than the best compressed baseline: **met**. A. A."
+        "uncompressed baseline and at least 10% fewer than the best compressed baseline: **met**. A. D."
     )
+    twice = frontier.verdict("x", {"baseline_best": missed, "baseline_compressed_best": missed})
+    assert twice["sentence"].endswith("**not met**. C.")  # one reason, said once
     assert frontier.verdict("x", {"baseline_best": met, "baseline_compressed_best": unsure})["status"] == (
         "no conclusion"
     )
