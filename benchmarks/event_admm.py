@@ -264,6 +264,8 @@ class Spec:
     channel: tuple[tuple[str, float], ...] = ()
     reset_every: int | None = None
     tag: str = ""
+    options: tuple[tuple[str, Any], ...] = ()  # [algorithm] keys over the method's table (frontier.py)
+    compression: str = ""  # the [compression] table as JSON (hashable), "" for none
 
     @property
     def knob(self) -> str:
@@ -279,7 +281,8 @@ def tree_of(setting: dict[str, Any], spec: Spec) -> dict[str, Any]:
         "data": setting["data"],
         "partition": setting["partition"],
         "model": setting["model"],
-        "algorithm": algorithm_table(spec.method, dict(spec.point), setting, spec.thresholds),
+        "algorithm": algorithm_table(spec.method, dict(spec.point), setting, spec.thresholds)
+        | dict(spec.options),
         "channel": dict(spec.channel),
         "eval": {"every": 1},
         "checkpoint": {"every": setting["rounds"], "keep": 1},
@@ -287,6 +290,8 @@ def tree_of(setting: dict[str, Any], spec: Spec) -> dict[str, Any]:
     }
     if spec.reset_every is not None:
         tree["algorithm"]["reset_every"] = spec.reset_every
+    if spec.compression:
+        tree["compression"] = json.loads(spec.compression)
     return copy.deepcopy(tree)
 
 
@@ -304,7 +309,7 @@ def run_one(setting: dict[str, Any], spec: Spec) -> Run:
     config = validate(copy.deepcopy(tree), f"benchmark {tree['name']}")
     key = key_of(setting, spec)
     log = runs_log(setting)
-    if (stored := read_runs(log).get(key)) is not None:
+    if (stored := stored_runs(setting).get(key)) is not None:
         return as_run(spec, tree, stored)
     ratios: dict[str, list[float]] = {}
     z_changes: list[float] = []
@@ -320,7 +325,7 @@ def run_one(setting: dict[str, Any], spec: Spec) -> Run:
             z_changes.append(norm(sub(z, previous_z["z"])))
         previous_z["z"] = {k: v.clone() for k, v in z.items()}
 
-    folder = RUNS / tree["name"]
+    folder = RUNS.parent / setting.get("benchmark", "event_admm") / tree["name"]
     started = time.perf_counter()
     rundir = start(config, folder, overwrite=True, progress=False, callbacks=(observe,))
     wall = time.perf_counter() - started
@@ -347,8 +352,17 @@ def as_run(spec: Spec, tree: dict[str, Any], record: dict[str, Any]) -> Run:
 
 
 def runs_log(setting: dict[str, Any]) -> Path:
-    """Finished runs, one JSON line each (commit it); the smoke run's never mix with the full run's."""
-    return RESULTS / ("event_admm_quick_runs.jsonl" if setting.get("quick") else "event_admm_runs.jsonl")
+    """Finished runs, one JSON line each (commit it); the smoke run's never mix with the full run's.
+    Another benchmark on these settings (frontier.py) keeps its own: ``setting["benchmark"]``."""
+    name = setting.get("benchmark", "event_admm")
+    return RESULTS / f"{name}{'_quick' if setting.get('quick') else ''}_runs.jsonl"
+
+
+def stored_runs(setting: dict[str, Any]) -> dict[str, dict]:
+    """The runs of this benchmark's log and of the logs it reads (``setting["shares"]``, benchmark
+    names): a key is one config and one simulation code, whichever benchmark made the run."""
+    names = (*setting.get("shares", ()), setting.get("benchmark", "event_admm"))
+    return {k: v for name in names for k, v in read_runs(runs_log(setting | {"benchmark": name})).items()}
 
 
 def _run(args: tuple[dict[str, Any], Spec]) -> Run:
@@ -362,7 +376,7 @@ def run_all(setting: dict[str, Any], specs: Sequence[Spec], jobs: int) -> dict[S
     by_key: dict[str, Spec] = {}
     for spec, key in keys.items():
         by_key.setdefault(key, spec)
-    stored = read_runs(runs_log(setting))
+    stored = stored_runs(setting)
     todo = [spec for key, spec in by_key.items() if key not in stored]
     console.print(
         f"  {len(specs)} runs asked, {len(by_key)} distinct, {len(todo)} to train on {jobs} processes"
@@ -371,7 +385,7 @@ def run_all(setting: dict[str, Any], specs: Sequence[Spec], jobs: int) -> dict[S
         with one_run_per_core(jobs) as pool:
             for run in pool.map(_run, [(setting, s) for s in todo]):
                 _progress(run)
-        stored = read_runs(runs_log(setting))
+        stored = stored_runs(setting)
     return {spec: as_run(spec, tree_of(setting, spec), stored[keys[spec]]) for spec in specs}
 
 
