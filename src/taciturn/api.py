@@ -15,6 +15,7 @@ needs them again.
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from taciturn.experiments import types
 from taciturn.experiments.config import ConfigError, read_tree
 from taciturn.experiments.export import export as _export
 from taciturn.experiments.export import load_model
-from taciturn.experiments.user import UserObjects
+from taciturn.experiments.user import UserObjects, check_metric_names
 from taciturn.report.rundir import RunDir
 
 
@@ -56,7 +57,23 @@ def _describe(value: Any) -> str:
 def _tree(config: Mapping[str, Any] | str | Path) -> tuple[dict, str]:
     if isinstance(config, Mapping):
         return copy.deepcopy(dict(config)), "<dict>"
-    return read_tree(config), str(config)
+    if isinstance(config, str | os.PathLike):
+        return read_tree(config), str(config)
+    raise ConfigError(
+        f"config= must be a dict or the path of a TOML file, got {type(config).__name__}: {config!r:.60}"
+    )
+
+
+def _path(value: Any, name: str) -> Path | None:
+    if value is None or isinstance(value, str | os.PathLike):
+        return None if value is None else Path(value)
+    raise ConfigError(f"{name}= must be a path (str or pathlib.Path), got {type(value).__name__}")
+
+
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}= must be True or False, got {type(value).__name__}: {value!r:.60}")
+    return value
 
 
 def _place(tree: dict, source: str, objects: UserObjects) -> dict:
@@ -90,6 +107,9 @@ def _objects(model, data, loss, metrics) -> UserObjects:
         raise ConfigError(f"model= must be a torch.nn.Module, got {type(model).__name__}")
     if loss is not None and not callable(loss):
         raise ConfigError(f"loss= must be a function (outputs, targets) -> loss, got {type(loss).__name__}")
+    if metrics is not None and not isinstance(metrics, Mapping):
+        raise ConfigError(f"metrics= must be a dict of name -> function, got {type(metrics).__name__}")
+    check_metric_names(metrics or {})
     for name, metric in (metrics or {}).items():
         if not callable(metric):
             raise ConfigError(f"metrics[{name!r}] must be a function (outputs, targets) -> values")
@@ -115,6 +135,10 @@ def run(
     ``metric(outputs, targets)`` (per-sample values or a batch mean), reported every evaluation.
     """
     objects = _objects(model, data, loss, metrics)
+    out = _path(out, "out")
+    overwrite, progress, report = (
+        _flag(v, n) for v, n in ((overwrite, "overwrite"), (progress, "progress"), (report, "report"))
+    )
     tree, source = _tree(config)
     given = _any(objects)
     if given:
@@ -136,11 +160,20 @@ def resume(
     metrics: Mapping[str, Callable] | None = None,
     progress: bool = False,
     report: bool = True,
+    trust_code: bool = False,
 ) -> Result:
-    """Continue a run from its last checkpoint; runs given Python objects need them again."""
+    """Continue a run from its last checkpoint; runs given Python objects need them again. Code the
+    run's config names (model.factory ...) is imported only if your taciturn wrote the folder on this
+    machine, or with ``trust_code=True`` (read that code first), as Hugging Face's trust_remote_code."""
     objects = _objects(model, data, loss, metrics)
     options = {"objects": objects} if _any(objects) else {}
-    rundir = types.resume(Path(run_dir), report=report, progress=progress, **options)
+    path = _path(run_dir, "run_dir")
+    if path is None:
+        raise ConfigError("run_dir= is the run directory to resume")
+    flags = {
+        n: _flag(v, n) for n, v in (("report", report), ("progress", progress), ("trust_code", trust_code))
+    }
+    rundir = types.resume(path, **flags, **options)
     return Result(rundir.path, objects)
 
 
@@ -151,7 +184,11 @@ def export(
     round: int | None = None,
     model: nn.Module | None = None,
     overwrite: bool = False,
+    trust_code: bool = False,
 ) -> Path:
     """Write the run's global model (of its last checkpoint, or of ``round``): a safetensors
-    state_dict for ``model.load_state_dict``, or a Hugging Face ``save_pretrained`` folder ("hf")."""
-    return _export(run_dir, out, format, round, model, overwrite)
+    state_dict for ``model.load_state_dict``, or a Hugging Face ``save_pretrained`` folder ("hf");
+    ``trust_code`` as for ``resume`` (only "hf" builds the model)."""
+    return _export(
+        run_dir, out, format, round, model, _flag(overwrite, "overwrite"), _flag(trust_code, "trust_code")
+    )

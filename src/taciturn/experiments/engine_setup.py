@@ -27,6 +27,7 @@ from taciturn.engine.trial import TrialExecutor
 from taciturn.engine.vectorized import VectorizedExecutor
 from taciturn.experiments.config import ConfigError, RunConfig
 from taciturn.privacy.gaussian import GaussianSum, LocalGaussian, expected_clients
+from taciturn.report.rundir import RunDir
 from taciturn.secagg.quantize import levels
 from taciturn.server.aggregation import ServerAggregation, build_chain
 from taciturn.server.clipping import NormBound
@@ -117,11 +118,15 @@ def build_store(
         parallel = picked.executor.startswith("parallel") or picked.challenger is not None
         wanted = "disk" if stateful and (parallel or num_clients >= DISK_STORE_CLIENTS) else "memory"
     path = Path(out) / "client_state.bin" if wanted == "disk" else None
+    rundir, folder = RunDir(out), None
+    if path is not None and rundir.held():  # the run's manifest lists the store's files first
+        rundir.claim(path.name, path.with_suffix(".layout.json").name)
+        folder = rundir.fs
     if picked.executor == "ray" and algorithm.keeps_client_state:
         from taciturn.engine.ray_state import RayStateStore
 
         return RayStateStore(None if path is None else path.resolve(), num_clients)
-    return MemoryStateStore() if path is None else DiskStateStore(path, num_clients)
+    return MemoryStateStore() if path is None else DiskStateStore(path, num_clients, folder)
 
 
 def build_federation(

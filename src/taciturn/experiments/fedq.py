@@ -31,9 +31,8 @@ from taciturn.experiments.config import (
     CheckpointConfig,
     ConfigError,
     RunName,
-    read_tree,
+    load_run_config,
     to_toml,
-    validate,
 )
 from taciturn.experiments.progress import human_bytes
 from taciturn.report.fedq import MDP_FILE, summary, write_fedq_comparison
@@ -148,12 +147,12 @@ def start(
     with rundir.lock():
         rundir.check_free(overwrite)
         exp = prepare(config, out, build_mdp(config))  # a missing or malformed MDP file fails here
-        rundir.reset(to_toml(config))
-        (rundir.path / MDP_FILE).write_bytes(encode(exp.mdp.to_message()))
+        rundir.reset(config, to_toml(config))
+        rundir.write_bytes(MDP_FILE, encode(exp.mdp.to_message()))
         state = exp.fedq.init()
         counters = {"round": 0, "episodes": 0, "agent_episodes": 0, "regret": 0.0, "wall_s": 0.0}
         counters |= {"scalars_up": 0, "scalars_down": 0, "uploads_lost": 0}
-        RunDir.append_jsonl(rundir.metrics, _row(exp, counters, None, exp.federation.policy_gap(state)))
+        rundir.append_jsonl(rundir.metrics, _row(exp, counters, None, exp.federation.policy_gap(state)))
         return _loop(exp, state, counters, progress, callbacks)
 
 
@@ -161,7 +160,7 @@ def resume(path: Path, progress: bool = True, callbacks: tuple[RoundCallback, ..
     """Continue a FedQ run from its last checkpoint; it ends with the numbers of an uninterrupted run."""
     rundir = RunDir(path).require()
     with rundir.lock():
-        config = validate(read_tree(rundir.config), str(rundir.config), FedQRunConfig)
+        config = load_run_config(rundir, FedQRunConfig)
         latest = rundir.latest_checkpoint()
         if latest is None:
             log.info("no checkpoint in %s: starting it again from round 0", path)
@@ -169,10 +168,10 @@ def resume(path: Path, progress: bool = True, callbacks: tuple[RoundCallback, ..
         round, folder = latest
         rundir.truncate_to(checkpoint.verify(folder))  # the MDP file is pinned by the manifest
         try:
-            mdp = TabularMDP.from_message(checkpoint.load_message(rundir.path / MDP_FILE))
+            mdp = TabularMDP.from_message(decode(rundir.read_bytes(MDP_FILE)))
         except (ValueError, KeyError, TypeError) as error:
             raise checkpoint.CheckpointError(f"{rundir.path / MDP_FILE} is not an MDP ({error})") from None
-        exp = prepare(config, path, mdp, ledger=Ledger.from_csv(rundir.ledger, up_to_round=round))
+        exp = prepare(config, path, mdp, ledger=rundir.read_ledger(up_to_round=round))
         state, counters = checkpoint.load(folder, exp.fedq.init(), MemoryStateStore())
         return _loop(exp, state, counters, progress, callbacks)
 
@@ -213,8 +212,7 @@ def _loop(
     callbacks: tuple[RoundCallback, ...],
 ) -> RunDir:
     config, rundir = exp.config, exp.rundir
-    handler = logging.FileHandler(rundir.log)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler = rundir.log_handler()
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.info(
@@ -244,7 +242,7 @@ def _loop(
                 started = time.perf_counter()
                 state, record = exp.federation.run_round(state, round, config.episodes - counters["episodes"])
                 counters["wall_s"] += time.perf_counter() - started
-                exp.ledger.append_csv(rundir.ledger, round)
+                rundir.append_ledger(exp.ledger, round)
                 counters["round"] = round
                 counters["episodes"] += record.episodes
                 counters["agent_episodes"] += record.episodes * record.exploring
@@ -253,7 +251,7 @@ def _loop(
                 counters["scalars_down"] += record.scalars_down
                 counters["uploads_lost"] += record.uploads_lost
                 row = _row(exp, counters, record, record.policy_gap)
-                RunDir.append_jsonl(rundir.metrics, row)
+                rundir.append_jsonl(rundir.metrics, row)
                 finished = counters["episodes"] >= config.episodes
                 if round % config.checkpoint.every == 0 or finished:
                     checkpoint.save(
@@ -274,6 +272,7 @@ def _loop(
                 )
                 for callback in callbacks:
                     callback(round, row)
+        rundir.finished()
     finally:
         log.removeHandler(handler)
         handler.close()

@@ -7,7 +7,6 @@ partition, a model that does not fit the data) fails in ``prepare``, before the 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -25,6 +24,7 @@ from taciturn.attacks.label_flip import flip_labels
 from taciturn.attacks.poisoning import pick_attackers
 from taciturn.core.channel import Channel
 from taciturn.core.device import DeviceError, resolve, use
+from taciturn.core.errors import TaciturnError
 from taciturn.core.ledger import Direction, Ledger
 from taciturn.core.rng import SERVER, Streams
 from taciturn.core.state_store import ClientStateStore
@@ -34,7 +34,7 @@ from taciturn.data.partition import partition
 from taciturn.engine.analysis import Analysis, TwinState
 from taciturn.engine.federation import Federation, RoundReport
 from taciturn.experiments import checkpoint, memory
-from taciturn.experiments.config import ConfigError, RunConfig, load_config, to_toml
+from taciturn.experiments.config import ConfigError, RunConfig, load_run_config, to_toml
 from taciturn.experiments.engine_setup import DEPLOYED, ExecutorFactory, build_federation, start_ray
 from taciturn.experiments.export import model_record
 from taciturn.experiments.local_eval import local_scores
@@ -77,8 +77,10 @@ class RoundEnd:
 RoundCallback = Callable[[RoundEnd], None]
 
 
-class RunFailed(RuntimeError):
-    """Every client of a round raised: that is a bug, not a client fault, so the run stops."""
+class RunFailed(TaciturnError, RuntimeError):
+    """Every client of a round raised: that is a bug (in the model, the loss or the data), not a
+    client fault, so the run stops with the first client's error; it resumes from the last checkpoint
+    once fixed."""
 
 
 @dataclass
@@ -340,24 +342,22 @@ def build_accountant(config: RunConfig, num_clients: int) -> Any:
 
 def _write_partition(exp: Experiment) -> None:
     hist = exp.data.histogram()
-    exp.rundir.partition.write_text(
-        json.dumps(
-            {
-                "dataset": exp.data.dataset.name,
-                "source": exp.data.dataset.source,
-                "kind": exp.config.partition.kind,
-                "num_clients": exp.data.num_clients,
-                "num_classes": exp.data.dataset.num_classes,
-                "sizes": hist.sum(axis=1).tolist(),
-                "histogram": hist.tolist(),
-            }
-        )
+    exp.rundir.write_json(
+        exp.rundir.partition,
+        {
+            "dataset": exp.data.dataset.name,
+            "source": exp.data.dataset.source,
+            "kind": exp.config.partition.kind,
+            "num_clients": exp.data.num_clients,
+            "num_classes": exp.data.dataset.num_classes,
+            "sizes": hist.sum(axis=1).tolist(),
+            "histogram": hist.tolist(),
+        },
     )
 
 
 def _attach_log(rundir: RunDir) -> logging.Handler:
-    handler = logging.FileHandler(rundir.log)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler = rundir.log_handler()
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     return handler
@@ -378,9 +378,9 @@ def start(
     with rundir.lock():
         rundir.check_free(overwrite)
         exp = prepare(config, out, objects=objects, remote=remote)  # all that can fail on config or data
-        rundir.reset(to_toml(config))
+        rundir.reset(config, to_toml(config))
         info = {"primary_metric": exp.task.primary_metric, "engine": exp.engine_note}
-        rundir.info.write_text(json.dumps(info | model_record(exp.task, exp.data)))
+        rundir.update_info(info | model_record(exp.task, exp.data))
         _write_partition(exp)
         params = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))
         state = exp.algorithm.init_server(params, exp.data.num_clients)
@@ -388,7 +388,7 @@ def start(
             exp.analysis.begin(params)
         counters = {"round": 0, "wall_s": 0.0, "rejected": 0, "failed": 0, "skipped": 0}
         row = _evaluate(exp, state, counters, None)
-        RunDir.append_jsonl(rundir.metrics, _with_analysis(exp, state, row))
+        rundir.append_jsonl(rundir.metrics, _with_analysis(exp, state, row))
         return _loop(exp, state, counters, progress, callbacks)
 
 
@@ -403,7 +403,7 @@ def resume(
     ``remote``: the executor of a deployed run (taciturn.deploy), as for ``start``."""
     rundir = RunDir(path).require()
     with rundir.lock():
-        config = load_config(rundir.config)
+        config = load_run_config(rundir, RunConfig)
         if remote is None and _deployed(rundir):
             raise RunDirError(
                 f"{path} is a deployed run: its clients are on SuperNodes; continue it with its app "
@@ -423,7 +423,7 @@ def resume(
             )
         round, folder = latest
         rundir.truncate_to(checkpoint.verify(folder))
-        ledger = Ledger.from_csv(rundir.ledger, up_to_round=round)
+        ledger = rundir.read_ledger(up_to_round=round)
         exp = prepare(config, path, ledger=ledger, objects=objects, remote=remote)
         params = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))
         initial = exp.algorithm.init_server(params, exp.data.num_clients)
@@ -445,10 +445,8 @@ def resume(
 
 def _deployed(rundir: RunDir) -> bool:
     """Whether the run's clients ran on SuperNodes (its engine note, engine_setup.py, written at start)."""
-    try:
-        return DEPLOYED in json.loads(rundir.info.read_text())["engine"]
-    except (OSError, ValueError, KeyError, AttributeError):
-        return False
+    engine = rundir.read_info().get("engine")
+    return isinstance(engine, str) and DEPLOYED in engine
 
 
 def _evaluate(
@@ -489,11 +487,11 @@ def _with_analysis(exp: Experiment, state: Any, row: dict[str, Any]) -> dict[str
 def _record_events(rundir: RunDir, report: RoundReport) -> None:
     for kind, items in (("rejected", report.rejected), ("failed", report.failed)):
         for client, reason in items:
-            RunDir.append_jsonl(
+            rundir.append_jsonl(
                 rundir.events, {"round": report.round, "client": client, "event": kind, "reason": reason}
             )
     if report.skipped is not None:
-        RunDir.append_jsonl(
+        rundir.append_jsonl(
             rundir.events,
             {"round": report.round, "client": None, "event": "skipped", "reason": report.skipped},
         )
@@ -530,7 +528,7 @@ def _loop(
                 counters["wall_s"] += time.perf_counter() - started
                 if exp.analysis is not None:
                     exp.analysis.after_round(round, started_from, report)  # not timed: not FedAvg's cost
-                exp.ledger.append_csv(rundir.ledger, round)
+                rundir.append_ledger(exp.ledger, round)
                 _record_events(rundir, report)
                 if report.selected and len(report.failed) == len(report.selected):
                     raise RunFailed(
@@ -546,7 +544,7 @@ def _loop(
                     row = _evaluate(exp, state, counters, report)  # wall_s so far, this evaluation excluded
                     counters["wall_s"] += time.perf_counter() - started
                     row = _with_analysis(exp, state, row)
-                    RunDir.append_jsonl(rundir.metrics, row)
+                    rundir.append_jsonl(rundir.metrics, row)
                     log.info(row_line(row, exp.task.primary_metric))
                     if not warned and (why := divergence([first or row, row])):
                         log.warning(why)
@@ -566,6 +564,7 @@ def _loop(
                     callback(RoundEnd(round, row, report, state, exp.algorithm))
         last = rundir.read_metrics()[-1:]
         log.info("finished: %s", row_line(last[0], exp.task.primary_metric) if last else "no evaluation")
+        rundir.finished()
     finally:
         exp.federation.executor.close()
         log.removeHandler(handler)

@@ -9,7 +9,7 @@ outputs the loss can read.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,32 @@ from taciturn.data.datasets import ArrayDataset, DataError
 from taciturn.data.user import as_dataset
 from taciturn.experiments.config import BUILTIN_LOSSES, ConfigError, RunConfig
 from taciturn.experiments.plugins import load_callable
+
+# The columns taciturn itself writes in a metrics row (runner.py ``_evaluate``, the server chain's
+# numbers, [analysis]): a user metric of one of these names would silently replace one of them in
+# every row (a metric named "round" once replaced the round column). "accuracy" may be redefined.
+RESERVED_COLUMNS = frozenset(
+    {
+        *("round", "loss", "train_loss", "clients", "rejected", "failed", "skipped", "wall_s"),
+        *("bytes_up", "bytes_down", "messages_up", "messages_down", "delivered_up", "delivered_down"),
+        *("epsilon", "clip_norm", "clipped", "divergence", "weight_change", "ntk_change"),
+        *("linearization_rmse", "centralized_output_rmse", "centralized_param_rmse"),
+        *("centralized_loss", "centralized_accuracy", "centralized_train_loss"),
+    }
+)
+RESERVED_PREFIXES = ("local_", "centralized_")  # FedBN's own-model scores, the centralized twin
+
+
+def check_metric_names(names: Iterable[Any]) -> None:
+    """User metric names: non-empty strings that are not one of taciturn's own columns."""
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"metrics= names must be non-empty strings, got {name!r}")
+        if name in RESERVED_COLUMNS or name.startswith(RESERVED_PREFIXES):
+            raise ConfigError(
+                f"metrics[{name!r}]: {name!r} is a column taciturn writes itself in metrics.jsonl; "
+                f"give your metric another name (e.g. 'my_{name}')"
+            )
 
 
 @dataclass(frozen=True)
@@ -148,5 +174,6 @@ def default_metrics(
     """Classification (class labels, a score per class) keeps its accuracy beside the user's metrics."""
     from taciturn.tasks.custom import accuracy
 
+    check_metric_names(metrics)
     scores = dataset.num_classes and len(outputs) == 1 and outputs[0] >= dataset.num_classes
     return ({"accuracy": accuracy} if scores else {}) | dict(metrics)

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
+from taciturn.core.folder import Folder, as_folder
 from taciturn.report.divergence import divergence
+from taciturn.report.figures import Png
 from taciturn.report.rundir import RunDir
 
 STYLE = """
@@ -25,9 +27,9 @@ img { max-width: 100%; } .muted { color: #777; }
 """
 
 
-def image(path: Path) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
-    return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
+def image(png: Png) -> str:
+    data = base64.b64encode(png.data).decode()
+    return f'<img alt="{html.escape(png.path.stem)}" src="data:image/png;base64,{data}">'
 
 
 def table(header: list[str], rows: list[list], numeric_from: int = 1) -> str:
@@ -91,7 +93,7 @@ def write_report(rundir: RunDir) -> Path:
             "<h2>Partition</h2>",
             f"<p>{html.escape(part['dataset'])} from "
             f"<span class='muted'>{html.escape(part['source'])}</span>: "
-            f"{part['num_clients']} clients, {html.escape(part['kind'])} split. "
+            f"{_number(part['num_clients'])} clients, {html.escape(part['kind'])} split. "
             f"Samples per client: min {sizes.min()}, median {int(np.median(sizes))}, max {sizes.max()}. "
             f"Classes per client: min {classes.min()}, median {int(np.median(classes))}, "
             f"max {classes.max()}.</p>",
@@ -106,7 +108,7 @@ def write_report(rundir: RunDir) -> Path:
             "Liu, ICML 2025). The centralized twin takes as many gradient steps as each client, on the "
             "pooled data, from the same initial weights.</p>",
             table(
-                ["", f"round {rows[-1]['round']}"],
+                ["", f"round {rows[-1]['round']}"],  # table() escapes every cell
                 [[k, _number(rows[-1][k])] for k in lazy.COLUMNS if rows[-1].get(k) is not None],
             ),
             *(image(images[k]) for k in ("analysis", "centralized") if k in images),
@@ -116,26 +118,27 @@ def write_report(rundir: RunDir) -> Path:
         parts += [
             "<h2>Each client's own model (FedBN)</h2>",
             f'<p>BatchNorm statistics stay with the clients (<code>model.buffers = "local"</code>). '
-            f"In round {last['round']}, the {last['local_clients']} clients that hold statistics, each "
+            f"In round {_number(last['round'])}, the {_number(last.get('local_clients'))} clients that hold "
+            "statistics, each "
             f"with the global weights and its own statistics on the held-out set weighted like its own "
             f"labels: mean {html.escape(metric)} {_number(last[f'local_{metric}'])}, mean loss "
-            f"{_number(last['local_loss'])}. The global model above uses the server's initial "
+            f"{_number(last.get('local_loss'))}. The global model above uses the server's initial "
             "statistics.</p>",
         ]
     if rows[-1].get("epsilon") is not None:
         parts += [
             "<h2>Privacy</h2>",
-            f"<p>Client-level differential privacy: epsilon = {rows[-1]['epsilon']:.4g} after round "
-            f"{rows[-1]['round']}, at the delta of <code>[privacy]</code> (dp-accounting; per round in "
-            "the metrics below).</p>",
+            f"<p>Client-level differential privacy: epsilon = {_number(rows[-1]['epsilon'])} after round "
+            f"{_number(rows[-1]['round'])}, at the delta of <code>[privacy]</code> (dp-accounting; per "
+            "round in the metrics below).</p>",
         ]
-    events = RunDir.read_jsonl(rundir.events)
+    events = rundir.read_jsonl(rundir.events)
     if events:
         parts += [
             "<h2>Rejected updates, failed clients and skipped rounds</h2>",
             table(
                 ["round", "client", "event", "reason"],
-                [[e["round"], e["client"], e["event"], e["reason"]] for e in events[:200]],
+                [[e.get("round"), e.get("client"), e.get("event"), e.get("reason")] for e in events[:200]],
                 99,
             ),
         ]
@@ -143,9 +146,9 @@ def write_report(rundir: RunDir) -> Path:
         "<h2>Metrics</h2>",
         _metrics_table(rows),
         "<h2>Config</h2>",
-        f"<pre>{html.escape(rundir.config.read_text())}</pre>",
+        f"<pre>{html.escape(rundir.read_text(rundir.config))}</pre>",
     ]
-    return page(rundir.report, f"taciturn: {rundir.path.name}", parts)
+    return page(rundir.fs, "report.html", f"taciturn: {rundir.path.name}", parts)
 
 
 def _histogram_table(part: dict, max_clients: int = 100) -> str:
@@ -176,15 +179,20 @@ def _metrics_table(rows: list[dict]) -> str:
 
 
 def _number(value: object) -> str:
-    return f"{value:.4g}" if isinstance(value, int | float) and not isinstance(value, bool) else str(value)
+    """A number as text, or anything else escaped (the files a report reads may have been edited)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:.4g}"
+    return html.escape(str(value))
 
 
-def page(path: Path, title: str, parts: list[str]) -> Path:
-    path.write_text(
+def page(folder: Folder, rel: str, title: str, parts: list[str]) -> Path:
+    """Write the page ``rel`` into ``folder`` (core/folder.py: never through a link)."""
+    folder.write_text(
+        rel,
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>"
+        f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>",
     )
-    return path
+    return folder.where(rel)
 
 
 def write_comparison(rundirs: list[RunDir], out: Path, note: str = "") -> Path:
@@ -192,29 +200,31 @@ def write_comparison(rundirs: list[RunDir], out: Path, note: str = "") -> Path:
     for what they reach), then against rounds. ``note``: a sentence shown under the first plot."""
     from taciturn.report import plots
 
-    out.mkdir(parents=True, exist_ok=True)
+    folder = as_folder(out)
     labels = _labels(rundirs)
     metric = rundirs[0].primary_metric()
     columns = plots.metric_keys(metric)
     series = [(label, r.numeric_metrics(columns)) for label, r in zip(labels, rundirs, strict=True)]
-    acc = plots.accuracy_vs_round(series, out / "accuracy_vs_round.png", metric)
-    comm = plots.accuracy_vs_bytes(series, out / "accuracy_vs_bytes.png", metric)
+    acc = plots.accuracy_vs_round(series, folder, "accuracy_vs_round.png", metric)
+    comm = plots.accuracy_vs_bytes(series, folder, "accuracy_vs_bytes.png", metric)
     keys = list(summary(series[0][1], metric))
     overview = table(["run", *keys], [[label, *summary(rows, metric).values()] for label, rows in series])
     configs = "".join(
-        f"<details><summary>{html.escape(label)}</summary><pre>{html.escape(r.config.read_text())}</pre></details>"
+        f"<details><summary>{html.escape(label)}</summary><pre>{html.escape(r.read_text(r.config))}</pre>"
+        "</details>"
         for label, r in zip(labels, rundirs, strict=True)
     )
-    (out / "summary.json").write_text(
-        json.dumps({label: summary(rows, metric) for label, rows in series}, indent=1)
+    folder.write_text(
+        "summary.json", json.dumps({label: summary(rows, metric) for label, rows in series}, indent=1)
     )
     links = " · ".join(
         f"<a href='{html.escape(os.path.relpath(r.report, out))}'>{html.escape(label)}</a>"
         for label, r in zip(labels, rundirs, strict=True)
-        if r.report.exists()
+        if r.has(r.report)
     )
     return page(
-        out / "report.html",
+        folder,
+        "report.html",
         "taciturn comparison",
         [
             "<h1>taciturn comparison</h1>",
