@@ -16,8 +16,7 @@ from conftest import forge_manifest, tiny_config
 from taciturn.cli import main
 from taciturn.core.codec import decode, encode
 from taciturn.core.message import Message
-from taciturn.experiments import types
-from taciturn.experiments import checkpoint
+from taciturn.experiments import checkpoint, types
 from taciturn.experiments.checkpoint import MANIFEST, CheckpointError
 from taciturn.experiments.config import ConfigError, load_config, to_toml
 from taciturn.report.rundir import RunDir, RunDirError
@@ -133,7 +132,9 @@ def test_a_run_file_edited_before_the_checkpoint_is_a_clean_error(run, file):
     text = path.read_text()
     at = next(i for i, c in enumerate(text) if c in "123456789" and i > 40)
     path.write_text(text[:at] + str(int(text[at]) % 9 + 1) + text[at + 1 :])
-    with pytest.raises(RunDirError, match=file.replace(".", r"\.")):  # a CheckpointError, or the config's digest
+    with pytest.raises(
+        RunDirError, match=file.replace(".", r"\.")
+    ):  # a CheckpointError, or the config's digest
         types.resume(run.path, report=False, progress=False)
 
 
@@ -302,3 +303,96 @@ def test_a_damaged_bandits_run_is_a_clean_report_error(tmp_path, capsys):
     assert main(["report", str(run.path)]) == 2
     err = capsys.readouterr().err
     assert "damaged and cannot be reported" in err and "Traceback" not in err
+
+
+# ----- --overwrite deletes what the manifest lists, never by pattern (issue 40) -----
+def test_overwrite_keeps_a_users_files_among_taciturns(run, tmp_path):
+    """Any PNG under plots/ and whole checkpoint round folders used to be deleted."""
+    types.report(run)  # taciturn's plots
+    (run.plots / "my_figure.png").write_bytes(b"mine")
+    (run.checkpoint_dir(4) / "my_thesis_data.csv").write_text("mine")
+    config = tmp_path / "c.toml"
+    config.write_text(to_toml(tiny_config(rounds=2)))
+    assert main(["run", str(config), "--out", str(run.path), "--overwrite", "--quiet"]) == 0
+    assert (run.plots / "my_figure.png").read_bytes() == b"mine"
+    assert (run.checkpoint_dir(4) / "my_thesis_data.csv").read_text() == "mine"
+    assert sorted(p.name for p in run.checkpoint_dir(4).iterdir()) == [
+        "my_thesis_data.csv"
+    ]  # taciturn's went
+    assert not run.checkpoint_dir(6).exists()
+    assert run.read_metrics()[-1]["round"] == 2
+
+
+@pytest.mark.parametrize("own", ["config.toml", "run.log", "metrics.jsonl", "report.html"])
+def test_overwrite_never_replaces_a_file_taciturn_did_not_write(tmp_path, capsys, own):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / own).write_text("the user's own\n")
+    config = tmp_path / "c.toml"
+    config.write_text(to_toml(tiny_config(rounds=2)))
+    assert main(["run", str(config), "--out", str(out), "--overwrite", "--quiet"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{out / own} is not a file taciturn wrote" in err and "Traceback" not in err
+    assert (out / own).read_text() == "the user's own\n"
+    assert sorted(p.name for p in out.iterdir()) == [own]
+
+
+def test_overwrite_of_a_folder_of_other_files_writes_beside_them(tmp_path, capsys):
+    """The refusal says what --overwrite does: it deletes only what a manifest lists, so a run
+    goes beside the user's files, which stay."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    config = tmp_path / "c.toml"
+    config.write_text(to_toml(tiny_config(rounds=2)))
+    assert main(["run", str(config), "--out", str(out), "--quiet"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "deletes only the files its manifest.json lists as its own" in err
+    assert main(["run", str(config), "--out", str(out), "--overwrite", "--quiet"]) == 0
+    assert (out / "notes.txt").read_text() == "mine" and RunDir(out).read_metrics()[-1]["round"] == 2
+    assert main(["run", str(config), "--out", str(out), "--overwrite", "--quiet"]) == 0  # its own run now
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+# ----- resume continues only the run's own config (issue 40) -----
+def _no_checkpoint(run: RunDir) -> None:
+    """A run that crashed before its first checkpoint."""
+    shutil.rmtree(run.checkpoints)
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ("", "config.toml is empty"),  # a full disk when the run started: 0 bytes
+        ("name = [", "config.toml is not valid TOML"),
+        ("{}", "config.toml is not valid TOML"),
+        (
+            'type = "federated"\nname = "tiny"\nseed = 3\n',
+            "config.toml is not the config this run was started with",
+        ),
+    ],
+    ids=["empty", "unparsable", "braces", "defaults"],
+)
+def test_resume_refuses_a_config_that_is_not_the_runs(run, monkeypatch, capsys, config, says):
+    """Resuming without a checkpoint starts the run again from its config: an empty config.toml
+    parsed as {} once started the default experiment (Fashion-MNIST, 100 clients, 50 rounds)."""
+    _no_checkpoint(run)
+    run.config.write_text(config)
+
+    def started(*args, **kwargs):
+        raise AssertionError("a run was started from this config")
+
+    monkeypatch.setattr("taciturn.experiments.runner.prepare", started)
+    before = {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()}
+    assert main(["resume", str(run.path), "--quiet"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert says in err and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()} == before
+
+
+def test_resume_refuses_another_valid_config(run, monkeypatch):
+    _no_checkpoint(run)
+    run.config.write_text(to_toml(tiny_config(rounds=50)))
+    monkeypatch.setattr("taciturn.experiments.runner.prepare", lambda *a, **k: pytest.fail("started"))
+    with pytest.raises(RunDirError, match="config.toml is not the config this run was started with"):
+        types.resume(run.path, report=False, progress=False)

@@ -42,7 +42,7 @@ from taciturn.core.codec import encode
 from taciturn.core.folder import Folder
 from taciturn.core.message import Message
 from taciturn.core.rng import SERVER, Streams
-from taciturn.experiments import checkpoint
+from taciturn.experiments import checkpoint, memory
 from taciturn.experiments.bandits_config import BanditsConfig, RatingsEnvironment, UnclusteredEnvironment
 from taciturn.experiments.config import ConfigError, load_run_config, to_toml
 from taciturn.report.bandits import summary_rows
@@ -88,8 +88,25 @@ def rule(config: BanditsConfig, name: str, problem: Problem, confidence: Confide
     return {"independent": Independent, "pooled": Pooled}[name](reps, agents)
 
 
+def check_memory(config: BanditsConfig) -> None:
+    """What the simulations hold, before any is built: per method the agents' Gram matrices, their
+    inverses and their pools (repetitions x agents x dim x dim, float64) and who shares with whom
+    (agents x agents); per repetition the arms' features and rewards, the schedule and the noise."""
+    env, reps = config.environment, config.repetitions
+    agents, arms, dim = env.num_agents, env.num_arms, env.dim
+    per_method = reps * (3 * 8 * agents * dim * dim + agents * agents)
+    shared = reps * (8 * agents * arms * (dim + 1) + 16 * config.horizon)
+    memory.check_fits(
+        f"bandits: {len(config.methods)} methods x {reps} repetitions of {agents:,} agents, {arms:,} arms "
+        f"in dimension {dim:,}, {config.horizon:,} steps",
+        len(config.methods) * per_method + shared,
+        "use fewer agents, arms, dimensions, repetitions or steps",
+    )
+
+
 def build(config: BanditsConfig) -> dict[str, Simulation]:
     """One simulation per method, all on the same environments, schedules and noise."""
+    check_memory(config)
     environments = [environment(config, seed) for seed in config.seeds]
     problem = Problem.build(environments, config.seeds, config.horizon)
     c = config.linucb
@@ -124,6 +141,8 @@ def start(
         rundir.check_free(overwrite)
         try:
             simulations = build(config)  # everything that can fail on the config or the data fails here
+        except ConfigError:
+            raise
         except (ratings.RatingsNotFound, ValueError) as error:
             raise ConfigError(f"[environment] {error}") from None
         rundir.reset(config, to_toml(config))

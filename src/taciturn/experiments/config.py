@@ -79,6 +79,15 @@ class SyntheticData(StrictModel):
     num_classes: int = Field(4, ge=2)
     separation: float = Field(2.0, gt=0, le=1e6)
 
+    @model_validator(mode="after")
+    def _classes_have_samples(self) -> SyntheticData:
+        if self.num_classes > self.num_samples:
+            raise ValueError(
+                f"num_classes = {self.num_classes:,} is more than num_samples = {self.num_samples:,}: most "
+                "classes would have no sample; use fewer classes or more samples"
+            )
+        return self
+
 
 class InstructionData(StrictModel):
     """Instruction-tuning data for causal language models (data/instructions.py)."""

@@ -25,7 +25,7 @@ from taciturn.core.codec import decode, encode
 from taciturn.core.ledger import Direction, Ledger
 from taciturn.core.rng import SERVER, Streams
 from taciturn.core.state_store import MemoryStateStore
-from taciturn.experiments import checkpoint
+from taciturn.experiments import checkpoint, memory
 from taciturn.experiments.config import (
     ChannelConfig,
     CheckpointConfig,
@@ -109,6 +109,11 @@ class Experiment:
 def build_mdp(config: FedQRunConfig) -> TabularMDP:
     spec = config.mdp
     if spec.kind == "random":
+        # the transitions P_h(.|x, a): H x S x A x S float64 (and their Dirichlet draw), checked first
+        H, S, A = spec.horizon, spec.states, spec.actions
+        memory.check_fits(
+            f"[mdp] a random MDP of (H, S, A) = ({H}, {S}, {A})", 16 * H * S * A * S, "use a smaller one"
+        )
         rng = Streams(spec.seed).numpy(0, SERVER, "mdp")
         return random_mdp(spec.states, spec.actions, spec.horizon, rng)
     if not spec.path.is_file():
@@ -120,6 +125,14 @@ def build_mdp(config: FedQRunConfig) -> TabularMDP:
 
 
 def prepare(config: FedQRunConfig, out: Path, mdp: TabularMDP, ledger: Ledger | None = None) -> Experiment:
+    H, S, A, M = mdp.horizon, mdp.states, mdp.actions, config.agents
+    # FedQ's tables (H x S x A: Q, counts, and Bernstein's sums) and the agents' local statistics
+    # (M x H x S), float64 or int64
+    memory.check_fits(
+        f"FedQ with M = {M:,} agents on (H, S, A) = ({H}, {S}, {A})",
+        8 * (6 * H * S * A + 4 * M * H * S),
+        "use fewer agents or a smaller MDP",
+    )
     streams = Streams(config.seed)
     fedq = FedQ(
         mdp.horizon,

@@ -6,6 +6,7 @@ from taciturn.core.rng import SERVER, Streams
 from taciturn.data import instructions
 from taciturn.data.partition import partition
 from taciturn.data.tokens import TokenData
+from taciturn.experiments import memory
 from taciturn.experiments.config import ConfigError, RunConfig
 from taciturn.tasks.language import (
     ByteTokenizer,
@@ -42,8 +43,25 @@ def load_instructions(config: RunConfig, streams: Streams) -> instructions.Instr
         raise ConfigError(f"[data.heldout] {error}") from None
 
 
+def check_memory(config: RunConfig) -> None:
+    """The tiny model's parameters (counted on PyTorch's meta device) and the tokenised examples,
+    against the memory limit (experiments/memory.py), before anything is built."""
+    model, data = config.model, config.data
+    if data.source == "synthetic":
+        tokens = len(instructions.TASKS) * data.examples_per_task * model.max_length
+        memory.check_fits(f"[data] {data.examples_per_task:,} examples per task", 16 * tokens, "use fewer")
+    if model.source == "tiny":
+        memory.check_model(
+            lambda: tiny_model(
+                model.architecture, ByteTokenizer(), model.hidden, model.layers, model.heads, model.max_length
+            ),
+            "[model] a tiny causal language model",
+        )
+
+
 def build_language_task(config: RunConfig, streams: Streams) -> tuple[LanguageModelTask, TokenData]:
     model_config = config.model
+    check_memory(config)
     dataset = load_instructions(config, streams)
     if model_config.source == "gguf":
         model, tokenizer = load_gguf(model_config.path or default_gguf())

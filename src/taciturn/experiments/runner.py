@@ -33,7 +33,7 @@ from taciturn.data.federated import FederatedData
 from taciturn.data.partition import partition
 from taciturn.engine.analysis import Analysis, TwinState
 from taciturn.engine.federation import Federation, RoundReport
-from taciturn.experiments import checkpoint, memory
+from taciturn.experiments import checkpoint, limits, memory
 from taciturn.experiments.config import ConfigError, RunConfig, load_run_config, to_toml
 from taciturn.experiments.engine_setup import DEPLOYED, ExecutorFactory, build_federation, start_ray
 from taciturn.experiments.export import model_record
@@ -42,6 +42,7 @@ from taciturn.experiments.progress import RoundProgress
 from taciturn.experiments.user import (
     UserObjects,
     check_fit,
+    check_metrics,
     default_metrics,
     require_objects,
     user_dataset,
@@ -117,6 +118,7 @@ def build_task(
             f"[partition.kind] '{config.partition.kind}' splits by class, but the targets are not class "
             "labels: use partition.kind = 'iid'"
         )
+    _check_partition(config, dataset)
     part_options = config.partition.model_dump(exclude={"kind", "num_clients", "column"})
     parts = partition(
         dataset.y_train.numpy(),
@@ -148,7 +150,8 @@ def build_task(
             model = build_model(config.model.kind, dataset.input_shape, outputs, **model_options)
         except ValueError as error:
             raise ConfigError(f"[model] {error} (data {dataset.name}: input {dataset.input_shape})") from None
-    shape = check_fit(model.to(device), dataset, loss, outputs)
+    shape = check_fit(model.to(device) if not _on_meta(model) else model, dataset, loss, outputs)
+    check_metrics(model, dataset, objects.metrics)
     try:
         if loss is None and not objects.metrics:
             task_class = squared_error.SquaredErrorTask if squared else ClassificationTask
@@ -169,6 +172,11 @@ def build_task(
     except ValueError as error:  # a model taciturn cannot federate (see tasks/classification.py)
         raise ConfigError(f"[model] {error}") from None
     return task, data
+
+
+def _on_meta(model: torch.nn.Module) -> bool:
+    """A model with no values (PyTorch's meta device): check_fit refuses it with a clear error."""
+    return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
 
 
 def _device(config: RunConfig) -> torch.device:
@@ -219,9 +227,6 @@ def _dataset(config: RunConfig, streams: Streams, objects: UserObjects) -> Array
         except HfModelNotFound as error:  # its tokenizer
             raise ConfigError(f"[model.name_or_path] {error}") from None
     options = config.data.model_dump(exclude={"dataset", "path"})
-    if config.data.dataset == "synthetic":  # float32 features and int64 labels, generated at once
-        size = config.data.num_samples * (4 * config.data.num_features + 8)
-        memory.check_fits(f"[data] {config.data.num_samples:,} synthetic samples", size, "use fewer")
     try:
         return load_dataset(
             config.data.dataset,
@@ -231,6 +236,33 @@ def _dataset(config: RunConfig, streams: Streams, objects: UserObjects) -> Array
         )
     except ValueError as error:  # an impossible subset (classes, train_size, test_size)
         raise ConfigError(f"[data] {error}") from None
+
+
+def check_bounds(config: RunConfig) -> None:
+    """What the config asks of this machine, against its cores and memory (experiments/limits.py,
+    memory.py), before any work: workers, threads, iterations, classes, generated data."""
+    limits.check_engine(config.engine)
+    if config.aggregation.kind == "centered_clip":
+        limits.check_iterations("[aggregation.iterations]", config.aggregation.iterations)
+    data = config.data
+    if data.dataset == "synthetic":
+        limits.check_classes("[data.num_classes]", data.num_classes)
+        generated = int(data.num_samples / 0.8) + 1  # with the held-out fifth (data/synthetic.py)
+        # float64 draws (the class means of each sample, the noise, their sum), float32 features,
+        # int64 labels, and the class means
+        size = generated * (28 * data.num_features + 16) + 8 * data.num_classes * data.num_features
+        memory.check_fits(f"[data] {data.num_samples:,} synthetic samples", size, "use fewer")
+
+
+def _check_partition(config: RunConfig, dataset: ArrayDataset) -> None:
+    """The partition keeps a (clients x classes) histogram and Dirichlet proportions: bound both."""
+    limits.check_classes(f"[data] the classes of {dataset.name}", dataset.num_classes)
+    clients = config.partition.num_clients or len(dataset.y_train)
+    memory.check_fits(
+        f"[partition] {clients:,} clients x {dataset.num_classes:,} classes",
+        24 * clients * max(1, dataset.num_classes),
+        "use fewer clients or classes",
+    )
 
 
 def keep_buffers_local(algorithm: Algorithm, task: Task, deployed: bool) -> None:
@@ -251,6 +283,7 @@ def prepare(
     objects: UserObjects | None = None,
     remote: ExecutorFactory | None = None,
 ) -> Experiment:
+    check_bounds(config)  # before any process, thread or array is made
     ray_workers = start_ray(config, remote)  # first: Ray's start-up overlaps the data loading
     try:
         return _prepare(config, out, ledger, objects, remote, ray_workers)
@@ -453,9 +486,20 @@ def _evaluate(
     exp: Experiment, state: Any, counters: dict[str, Any], report: RoundReport | None
 ) -> dict[str, Any]:
     params = exp.algorithm.global_params(state)
-    scores = exp.task.evaluate(params)
-    if local := getattr(exp.algorithm, "local_buffers", None):  # FedBN: each client's own model too
-        scores |= local_scores(exp.task, exp.data, exp.store, params, local)
+    try:
+        scores = exp.task.evaluate(params)
+        if local := getattr(exp.algorithm, "local_buffers", None):  # FedBN: each client's own model too
+            scores |= local_scores(exp.task, exp.data, exp.store, params, local)
+    except TaciturnError:
+        raise
+    except Exception as error:  # the user's model, loss or metric failed on the held-out data
+        raise RunFailed(
+            f"evaluating the global model after round {counters['round']} failed: "
+            f"{type(error).__name__}: {error}"
+        ) from None
+    bad = [k for k, v in scores.items() if not isinstance(v, int | float) or isinstance(v, bool)]
+    if bad:
+        raise RunFailed(f"evaluation gave {bad[0]} = {scores[bad[0]]!r}, not a number")
     up, down = exp.ledger.totals(Direction.UP), exp.ledger.totals(Direction.DOWN)
     return {
         "round": counters["round"],

@@ -128,6 +128,13 @@ def check_fit(
 ) -> tuple[int, ...]:
     """One forward pass on two samples (and the loss on it), so a mismatch fails before round 1;
     returns the shape of one sample's outputs."""
+    meta = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if meta:
+        raise ConfigError(
+            f"[model] {meta[0]} (and {len(meta) - 1} more) is on PyTorch's meta device, which holds no "
+            "values: build the model on a real device, or call model.to_empty(device='cpu') and "
+            "initialise its weights"
+        )
     was_training = model.training
     model.eval()
     x, y = dataset.x_train[:2], dataset.y_train[:2]
@@ -144,6 +151,11 @@ def check_fit(
     if not isinstance(out, torch.Tensor):
         raise ConfigError(
             f"[model] the model must return a tensor of outputs, it returned {type(out).__name__}"
+        )
+    if not out.is_floating_point() or out.shape[:1] != x.shape[:1]:
+        raise ConfigError(
+            f"[model] the model must return floating-point outputs, one row per sample; for "
+            f"{len(x)} samples it returned {out.dtype} of shape {tuple(out.shape)} (a loss needs gradients)"
         )
     if loss is None:
         if dataset.num_classes == 0:
@@ -166,6 +178,33 @@ def check_fit(
     if not isinstance(value, torch.Tensor) or value.ndim != 0:
         raise ConfigError("[loss] the loss must return a scalar tensor (the batch mean)")
     return tuple(out.shape[1:])
+
+
+def check_metrics(model: nn.Module, dataset: ArrayDataset, metrics: Mapping[str, Callable]) -> None:
+    """Each metric on the model's outputs for two samples gives numbers: per-sample values or a
+    batch mean (a metric returning a string failed only at the first evaluation)."""
+    if not metrics:
+        return
+    x, y = dataset.x_train[:2], dataset.y_train[:2]
+    with torch.no_grad():
+        out = model(x)
+    for name, metric in metrics.items():
+        try:
+            result = metric(out, y)
+        except Exception as error:
+            raise ConfigError(
+                f"[metrics] {name!r} fails on the model's outputs: {type(error).__name__}: {error}"
+            ) from None
+        try:
+            value = torch.as_tensor(result)
+        except (TypeError, ValueError, RuntimeError):
+            value = None
+        if value is None or value.is_complex() or value.numel() not in (1, len(y)):
+            shown = type(result).__name__ if value is None else f"{value.dtype} of shape {tuple(value.shape)}"
+            raise ConfigError(
+                f"[metrics] {name!r} must return a number or one number per sample; for {len(y)} samples "
+                f"it returned {shown}"
+            )
 
 
 def default_metrics(
