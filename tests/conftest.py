@@ -67,6 +67,8 @@ def forge_manifest(run) -> None:
     from pathlib import Path
 
     path = Path(run) / "manifest.json"
+    if not path.exists():  # (the run folders of taciturn before issue 40 had none)
+        return
     tree = json.loads(path.read_text())
     for name, entry in tree["files"].items():
         file = Path(run) / name

@@ -394,5 +394,5 @@ def test_resume_refuses_another_valid_config(run, monkeypatch):
     _no_checkpoint(run)
     run.config.write_text(to_toml(tiny_config(rounds=50)))
     monkeypatch.setattr("taciturn.experiments.runner.prepare", lambda *a, **k: pytest.fail("started"))
-    with pytest.raises(RunDirError, match="config.toml is not the config this run was started with"):
+    with pytest.raises(RunDirError, match=r"config\.toml is not the config this run was started with"):
         types.resume(run.path, report=False, progress=False)
