@@ -61,8 +61,18 @@ def test_a_hundred_million_threads_are_refused_not_aborted_in_openmp(tmp_path):
     config = tmp_path / "c.toml"
     config.write_text(to_toml(tiny_config(rounds=1)))
     done = subprocess.run(
-        [sys.executable, "-m", "taciturn.cli", "run", str(config), "--set", "engine.threads=1e8"]
-        + ["--out", str(tmp_path / "run"), "--quiet"],
+        [
+            sys.executable,
+            "-m",
+            "taciturn.cli",
+            "run",
+            str(config),
+            "--set",
+            "engine.threads=1e8",
+            "--out",
+            str(tmp_path / "run"),
+            "--quiet",
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -207,8 +217,10 @@ def _meta_model():
         "wrong-length",
         "raising-metric",
         "fails-on-every-client",
-    ]
-    + ["out", "overwrite", "metrics-list"],
+        "out",
+        "overwrite",
+        "metrics-list",
+    ],
 )
 def test_the_python_api_fails_with_the_layers_error(tmp_path, kwargs, says):
     given = {"config": API, "model": nn.Linear(10, 3), "data": _data(), "out": tmp_path / "run"} | kwargs
