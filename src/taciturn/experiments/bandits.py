@@ -91,11 +91,13 @@ def rule(config: BanditsConfig, name: str, problem: Problem, confidence: Confide
 def check_memory(config: BanditsConfig) -> None:
     """What the simulations hold, before any is built: per method the agents' Gram matrices, their
     inverses and their pools (repetitions x agents x dim x dim, float64) and who shares with whom
-    (agents x agents); per repetition the arms' features and rewards, the schedule and the noise."""
+    (agents x agents); per repetition the arms' features and rewards, the clusters' parameters, the
+    schedule and the noise."""
     env, reps = config.environment, config.repetitions
     agents, arms, dim = env.num_agents, env.num_arms, env.dim
+    clusters = getattr(env, "num_clusters", 0)  # one parameter drawn per cluster, empty ones too
     per_method = reps * (3 * 8 * agents * dim * dim + agents * agents)
-    shared = reps * (8 * agents * arms * (dim + 1) + 16 * config.horizon)
+    shared = reps * (8 * agents * arms * (dim + 1) + 8 * clusters * dim + 16 * config.horizon)
     memory.check_fits(
         f"bandits: {len(config.methods)} methods x {reps} repetitions of {agents:,} agents, {arms:,} arms "
         f"in dimension {dim:,}, {config.horizon:,} steps",

@@ -44,12 +44,20 @@ def load_instructions(config: RunConfig, streams: Streams) -> instructions.Instr
 
 
 def check_memory(config: RunConfig) -> None:
-    """The tiny model's parameters (counted on PyTorch's meta device) and the tokenised examples,
-    against the memory limit (experiments/memory.py), before anything is built."""
+    """The tiny model's parameters (counted on PyTorch's meta device), the tokenised examples and
+    the attention scores of a batch, against the memory limit (experiments/memory.py), before
+    anything is built."""
     model, data = config.model, config.data
     if data.source == "synthetic":
         tokens = len(instructions.TASKS) * data.examples_per_task * model.max_length
         memory.check_fits(f"[data] {data.examples_per_task:,} examples per task", 16 * tokens, "use fewer")
+    # the attention scores of one training batch: batch x heads x length x length, float32
+    batch = config.algorithm.local.batch_size
+    memory.check_fits(
+        f"[model] attention over {model.max_length:,} tokens",
+        4 * batch * model.heads * model.max_length**2,
+        "use a smaller max_length or batch_size",
+    )
     if model.source == "tiny":
         memory.check_model(
             lambda: tiny_model(

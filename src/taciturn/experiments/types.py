@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from taciturn.core.errors import TaciturnError
 from taciturn.experiments import plugins
-from taciturn.experiments.config import ConfigError, read_tree, run_tree, validate
+from taciturn.experiments.config import ConfigError, load_run_config, read_tree, run_tree, validate
 from taciturn.report.rundir import RunDir, RunDirError, check_comparison_folder
 
 
@@ -139,8 +139,12 @@ def resume(path: Path, report: bool = True, trust_code: bool = False, **options:
     data.factory, a loss "pkg.mod:fn") is imported only if this user's taciturn wrote the folder
     (its manifest's MAC checks) or ``trust_code``: a folder from someone else runs no code unasked."""
     rundir = RunDir(path).require()
+    rundir.check_own_files()
     tree = run_tree(rundir)
     kind = TYPES[_known_type(tree, str(rundir.config))]()
+    load_run_config(rundir, kind.config)  # the run's own config, or an error naming config.toml
+    if report:  # what the report will read is checked now, not after the rounds it resumes
+        rundir.verify()
     with plugins.trusted(rundir, tree, trust_code, "resume"):
         rundir = kind.resume(path, **options)
     if report:
@@ -157,6 +161,7 @@ def report(rundir: RunDir) -> Path:
 def _report(rundir: RunDir) -> Path:
     with rundir.lock(), _damaged(str(rundir.path)), plugins.no_code("`taciturn report` runs no code"):
         rundir.verify()
+        rundir.check_own_files()
         return _type_of_run(rundir).report(rundir)
 
 

@@ -408,13 +408,22 @@ class RunDir:
                     f"{self.path / name} is not a file taciturn wrote (no manifest.json lists it), and a "
                     "run writes there: move it away, or choose another --out"
                 )
-        if listed is not None:  # what --overwrite will delete: taciturn's own files, not links to others
-            for rel in listed.files:
-                if session.fs.kind(rel) not in (None, "file"):
-                    raise RunDirError(
-                        f"{self.path / rel} is not the file taciturn wrote there (a link, or a folder): "
-                        "taciturn deletes only its own files; remove it yourself, or choose another --out"
-                    )
+        self.check_own_files()  # what --overwrite will delete: taciturn's own files, not links to others
+
+    def check_own_files(self) -> None:
+        """Every file and folder the manifest lists is still a plain file or folder (or gone): a link
+        or anything else in their place is refused before any work, by name."""
+        manifest = self._manifest()
+        if manifest is None:
+            return
+        fs = self.fs
+        for rel, wanted in [(f, "file") for f in manifest.files] + [(f, "dir") for f in manifest.folders]:
+            if fs.kind(rel) not in (None, wanted):
+                raise RunDirError(
+                    f"{self.path / rel} is not the {'file' if wanted == 'file' else 'folder'} taciturn "
+                    "wrote there (a link, or something else): taciturn never writes, reads or deletes "
+                    "through it; remove it yourself, or use another folder"
+                )
 
     def reset(self, config: Any, toml: str) -> None:
         """Start the folder afresh for ``config`` (validated) written as ``toml``: what the previous
