@@ -282,7 +282,8 @@ class Folder:
         }[base]
         fd = self.open_fd(rel, flags)
         binary = "b" in mode
-        file = os.fdopen(fd, mode.replace("x", "w"), newline=None if binary else newline)
+        text = {} if binary else {"newline": newline, "encoding": "utf-8"}
+        file = os.fdopen(fd, mode.replace("x", "w"), **text)
         where = self.where(self.rel(rel))
         try:
             yield file
@@ -317,7 +318,7 @@ class Folder:
 
     def text_stream(self, rel: str) -> io.TextIOWrapper:
         """``rel`` opened for appending, kept open by the caller (a log handler)."""
-        return os.fdopen(self.open_fd(rel, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a")
+        return os.fdopen(self.open_fd(rel, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a", encoding="utf-8")
 
     def digest(self, rel: str, size: int | None = None) -> str:
         """SHA-256 of the file, or of its first ``size`` bytes."""

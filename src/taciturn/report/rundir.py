@@ -95,14 +95,13 @@ class _Session:
     claimed: dict[str, bool] = field(default_factory=dict)  # made by this process: path -> is a folder
 
     def __post_init__(self) -> None:
-        self.raw = Folder(self.path, self.fd)  # the manifest's own writes
-        self.raw._owned = False
+        self.raw = Folder(self.path, self.fd)  # the manifest's own writes (the fd stays the session's)
         self.fs = Folder(self.path, self.fd, owner=self)
-        self.fs._owned = False
         self.manifest = Manifest.load(self.raw)
         self.had_manifest = self.manifest is not None
 
-    def ledger(self) -> Manifest:
+    def listing(self) -> Manifest:
+        """The manifest (a new one if the folder had none)."""
         if self.manifest is None:
             self.manifest = Manifest()
         return self.manifest
@@ -110,8 +109,8 @@ class _Session:
     # the Owner protocol of core/folder.py
     def creating(self, rel: str, is_dir: bool) -> None:
         self.claimed[rel] = is_dir
-        if self.ledger().add(rel, is_dir):
-            self.ledger().save(self.raw)
+        if self.listing().add(rel, is_dir):
+            self.listing().save(self.raw)
 
     def writing(self, rel: str) -> None:
         if rel not in self.claimed and not (self.manifest and self.manifest.lists(rel)):
@@ -122,7 +121,7 @@ class _Session:
             )
 
     def save(self, sync: bool = False) -> None:
-        self.ledger().save(self.raw, sync)
+        self.listing().save(self.raw, sync)
 
 
 _held: dict[tuple[int, int], _Session] = {}  # (device, inode) of a folder -> this process's hold on it
@@ -333,7 +332,7 @@ class RunDir:
         self.fs.write_text(rel, text, sync=True)
         if record:
             session = self._held_session()
-            session.ledger().record(session.fs, rel)
+            session.listing().record(session.fs, rel)
             session.save()
         return self.path / rel
 
@@ -341,7 +340,7 @@ class RunDir:
         rel = self.rel(path)
         self.fs.write_bytes(rel, data, sync=True)
         session = self._held_session()
-        session.ledger().record(session.fs, rel)
+        session.listing().record(session.fs, rel)
         session.save()
         return self.path / rel
 
@@ -503,7 +502,7 @@ class RunDir:
         """A checkpoint renamed from ``tmp`` into place at ``rel``, taken with the appended files at
         ``appended`` (name -> (bytes, sha256)): the manifest follows, durably."""
         session = self._held_session()
-        manifest = session.ledger()
+        manifest = session.listing()
         manifest.move(tmp, rel)
         for name, (size, digest) in appended.items():
             if size or self.has(name):
@@ -517,13 +516,13 @@ class RunDir:
     def started(self) -> None:
         """A process writes the run from now on: until ``finished``, appended files may grow."""
         session = self._held_session()
-        session.ledger().complete = False
+        session.listing().complete = False
         session.save()
 
     def finished(self) -> None:
         """The run ended: the appended files enter the manifest as they are, for `report` to check."""
         session = self._held_session()
-        manifest = session.ledger()
+        manifest = session.listing()
         for name in APPENDED:
             if self.has(name):
                 manifest.record(session.fs, name, appended=True)
@@ -546,8 +545,8 @@ class RunDir:
         if session is not None:  # the manifest now holds them as they are at the checkpoint
             for name in lengths:
                 if self.has(name):
-                    session.ledger().record(session.fs, name, appended=True)
-            session.ledger().complete = False
+                    session.listing().record(session.fs, name, appended=True)
+            session.listing().complete = False
             session.save(sync=True)
 
     def checkpoint_dir(self, round: int) -> Path:
@@ -585,10 +584,10 @@ class RunDir:
         if the folder went, False if files taciturn did not write kept it (they are named in the log)."""
         session = self._held_session()
         rel = self.rel(path)
-        files, folders = session.ledger().under(rel)
+        files, folders = session.listing().under(rel)
         _delete(session.fs, files, set(folders))
         for name in files + folders:
-            session.ledger().forget(name)
+            session.listing().forget(name)
         session.save()
         if session.fs.exists(rel):
             log.warning(
