@@ -396,3 +396,19 @@ def test_resume_refuses_another_valid_config(run, monkeypatch):
     monkeypatch.setattr("taciturn.experiments.runner.prepare", lambda *a, **k: pytest.fail("started"))
     with pytest.raises(RunDirError, match=r"config\.toml is not the config this run was started with"):
         types.resume(run.path, report=False, progress=False)
+
+
+@pytest.mark.parametrize(
+    "name", ["plots/accuracy_vs_round.png", "checkpoints/round_000004/server.safetensors"]
+)
+def test_overwrite_keeps_a_file_of_taciturns_that_the_user_changed(run, tmp_path, capsys, name):
+    """A file taciturn wrote and the user wrote over since (their own figure under taciturn's
+    name) may hold their work: it is neither replaced nor deleted."""
+    types.report(run)
+    (run.path / name).write_bytes(b"the user's own")
+    config = tmp_path / "c.toml"
+    config.write_text(to_toml(tiny_config(rounds=2)))
+    assert main(["run", str(config), "--out", str(run.path), "--overwrite", "--quiet"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{run.path / name} changed since taciturn wrote it" in err
+    assert (run.path / name).read_bytes() == b"the user's own"

@@ -43,6 +43,9 @@ class Owner(Protocol):
     def writing(self, rel: str) -> None:
         """Told before the existing file ``rel`` is written; raises if it is not the owner's."""
 
+    def written(self, rel: str) -> None:
+        """Told after the whole file ``rel`` was written (its contents are now the owner's)."""
+
 
 @dataclass(frozen=True)
 class _Below:
@@ -56,6 +59,9 @@ class _Below:
 
     def writing(self, rel: str) -> None:
         self.owner.writing(f"{self.prefix}/{rel}")
+
+    def written(self, rel: str) -> None:
+        self.owner.written(f"{self.prefix}/{rel}")
 
 
 class FolderError(TaciturnError, OSError):
@@ -308,6 +314,8 @@ class Folder:
             f.flush()
             if sync:
                 os.fsync(f.fileno())
+        if self.owner is not None:
+            self.owner.written(self.rel(rel))
 
     def write_text(self, rel: str, text: str, sync: bool = False) -> None:
         self.write_bytes(rel, text.encode(), sync)

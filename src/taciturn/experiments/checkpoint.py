@@ -88,7 +88,7 @@ def commit(
     fs.rename(tmp, rel)
     fs.fsync_dir(rel.rsplit("/", 1)[0] if "/" in rel else "")
     if rundir is not None:
-        rundir.committed(tmp, rel, appended)
+        rundir.committed(tmp, rel, files, appended)
 
 
 def _files(folder: Folder, below: str = "") -> list[str]:

@@ -52,6 +52,9 @@ def check_fits(what: str, nbytes: int | float, fix: str) -> None:
 def check_model(build: Callable[[], nn.Module], what: str = "a model") -> None:
     """Count the parameters of the model ``build`` makes without allocating them (PyTorch's meta
     device), and check they fit."""
-    with torch.device("meta"):
-        count = sum(p.numel() for p in build().parameters())
+    try:
+        with torch.device("meta"):
+            count = sum(p.numel() for p in build().parameters())
+    except (RuntimeError, OverflowError) as error:  # sizes whose product overflows even on meta
+        raise ConfigError(f"{what} is too large to lay out ({error}); make it smaller") from None
     check_fits(f"{what} of {count:,} parameters", PARAMETER_COPIES * 4 * count, "make it smaller")

@@ -124,6 +124,16 @@ class Manifest:
         self.files.pop(rel, None)
         self.folders.discard(rel)
 
+    def changed(self, fs: Folder, rel: str) -> bool:
+        """Whether file ``rel``, listed with a digest, no longer holds what taciturn wrote (an
+        appended file of a run that did not end may have grown past it)."""
+        entry = self.files.get(rel, {})
+        if "sha256" not in entry or fs.kind(rel) != "file":
+            return False
+        size, wanted = fs.size(rel), int(entry["bytes"])
+        grew = entry.get("appended") and not self.complete and size > wanted
+        return (size != wanted and not grew) or fs.digest(rel, wanted) != entry["sha256"]
+
     # ----- checking -----
     def check(self, fs: Folder, names: list[str]) -> None:
         """The files ``names`` that exist are listed, and each file listed there with a digest is
@@ -143,9 +153,7 @@ class Manifest:
                     f"{fs.where(rel)} is missing: {fs.where(NAME)} lists it as written by taciturn; "
                     "restore it, or run the experiment again"
                 )
-            size, wanted = fs.size(rel), int(entry["bytes"])
-            grew = entry.get("appended") and not self.complete and size > wanted
-            if (size != wanted and not grew) or fs.digest(rel, wanted) != entry["sha256"]:
+            if self.changed(fs, rel):
                 raise ManifestError(
                     f"{fs.where(rel)} changed since taciturn wrote it (its length or SHA-256 is not the "
                     f"one in {fs.where(NAME)}): it was cut, edited or replaced; restore it, or run the "

@@ -93,6 +93,7 @@ class _Session:
     manifest: Manifest | None = None
     had_manifest: bool = False
     claimed: dict[str, bool] = field(default_factory=dict)  # made by this process: path -> is a folder
+    dirty: bool = False  # digests entered that manifest.json does not hold yet
 
     def __post_init__(self) -> None:
         self.raw = Folder(self.path, self.fd)  # the manifest's own writes (the fd stays the session's)
@@ -119,9 +120,17 @@ class _Session:
                 "it); taciturn never writes over a file it did not create: move it away, or use another "
                 "folder"
             )
+        entry = self.listing().files.get(rel, {})
+        if not entry.get("appended") and self.listing().changed(self.fs, rel):
+            raise RunDirError(_changed(self.path / rel))
+
+    def written(self, rel: str) -> None:
+        self.listing().record(self.fs, rel)
+        self.dirty = True
 
     def save(self, sync: bool = False) -> None:
         self.listing().save(self.raw, sync)
+        self.dirty = False
 
 
 _held: dict[tuple[int, int], _Session] = {}  # (device, inode) of a folder -> this process's hold on it
@@ -223,6 +232,8 @@ class RunDir:
                 try:
                     if session.fs.kind(CONFIG) != "file":  # nothing started here
                         _abandon(session)
+                    elif session.dirty:
+                        session.save(sync=True)
                 finally:
                     os.close(session.fd)  # releases the flock
 
@@ -326,22 +337,15 @@ class RunDir:
             return Ledger.read_csv(f, up_to_round)
 
     # ----- writing (under the lock) -----
-    def write_text(self, path: Path | str, text: str, record: bool = True) -> Path:
-        """Write a whole file; with ``record``, its digest enters the manifest (files report reads)."""
-        rel = self.rel(path)
-        self.fs.write_text(rel, text, sync=True)
-        if record:
-            session = self._held_session()
-            session.listing().record(session.fs, rel)
-            session.save()
-        return self.path / rel
+    def write_text(self, path: Path | str, text: str) -> Path:
+        """Write a whole file, durably, its digest in the manifest (files report and resume read)."""
+        return self.write_bytes(path, text.encode())
 
     def write_bytes(self, path: Path | str, data: bytes) -> Path:
         rel = self.rel(path)
-        self.fs.write_bytes(rel, data, sync=True)
         session = self._held_session()
-        session.listing().record(session.fs, rel)
-        session.save()
+        session.fs.write_bytes(rel, data, sync=True)  # the session enters its digest
+        session.save(sync=True)
         return self.path / rel
 
     def write_json(self, path: Path | str, tree: Any) -> Path:
@@ -401,6 +405,9 @@ class RunDir:
                 )
             return
         listed = session.manifest
+        for rel in listed.files if listed else ():
+            if listed.changed(session.fs, rel):
+                raise RunDirError(_changed(self.path / rel))
         for name in TOP_FILES:
             if session.fs.kind(name) is not None and not (listed and listed.lists(name)):
                 raise RunDirError(
@@ -498,12 +505,17 @@ class RunDir:
         """The files a run appends to as it goes."""
         return APPENDED
 
-    def committed(self, tmp: str, rel: str, appended: dict[str, tuple[int, str]]) -> None:
-        """A checkpoint renamed from ``tmp`` into place at ``rel``, taken with the appended files at
-        ``appended`` (name -> (bytes, sha256)): the manifest follows, durably."""
+    def committed(
+        self, tmp: str, rel: str, files: dict[str, dict[str, Any]], appended: dict[str, tuple[int, str]]
+    ) -> None:
+        """A checkpoint renamed from ``tmp`` into place at ``rel``, holding ``files`` (name -> sha256
+        and bytes), taken with the appended files at ``appended`` (name -> (bytes, sha256)): the
+        manifest follows, durably."""
         session = self._held_session()
         manifest = session.listing()
         manifest.move(tmp, rel)
+        for name, entry in files.items():
+            manifest.files[f"{rel}/{name}"] = dict(entry)
         for name, (size, digest) in appended.items():
             if size or self.has(name):
                 manifest.set_appended(name, size, digest)
@@ -585,9 +597,10 @@ class RunDir:
         session = self._held_session()
         rel = self.rel(path)
         files, folders = session.listing().under(rel)
-        _delete(session.fs, files, set(folders))
+        _delete(session.fs, files, set(folders), session.listing())
         for name in files + folders:
-            session.listing().forget(name)
+            if not session.fs.exists(name):
+                session.listing().forget(name)
         session.save()
         if session.fs.exists(rel):
             log.warning(
@@ -607,10 +620,22 @@ class _QuietHandler(logging.StreamHandler):
         pass
 
 
-def _delete(fs: Folder, files: list[str], folders: set[str]) -> None:
-    """Remove listed files (never through a link), then listed folders that are left empty, deepest
-    first; the folders that still hold something stay."""
+def _changed(path: Path) -> str:
+    return (
+        f"{path} changed since taciturn wrote it (its SHA-256 is not the one in manifest.json), so it "
+        "may hold your work now: taciturn will not write over it or delete it; move it away (or "
+        "delete it yourself), then run again"
+    )
+
+
+def _delete(fs: Folder, files: list[str], folders: set[str], manifest: Manifest | None = None) -> None:
+    """Remove listed files (never through a link; with ``manifest``, never one that changed since
+    taciturn wrote it), then listed folders that are left empty, deepest first; the folders that
+    still hold something stay."""
     for rel in sorted(files):
+        if manifest is not None and manifest.changed(fs, rel):
+            log.warning("kept %s: %s", fs.where(rel), "it changed since taciturn wrote it")
+            continue
         fs.unlink(rel)
     for rel in sorted(folders, key=lambda f: f.count("/"), reverse=True):
         fs.rmdir(rel)
