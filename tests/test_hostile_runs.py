@@ -125,6 +125,14 @@ MEMORY = {
         },
         "taciturn.experiments.language.load_instructions",
     ),
+    "causal_lm-layers": (  # 10**9 layers: even on the meta device, 10**9 Python modules
+        {
+            "data": {"dataset": "instructions"},
+            "model": {"kind": "causal_lm", "hidden": 8, "layers": 10**9, "heads": 2},
+            "partition": {"kind": "iid", "num_clients": 2},
+        },
+        "taciturn.experiments.language.load_instructions",
+    ),
 }
 
 

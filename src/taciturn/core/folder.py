@@ -120,14 +120,15 @@ class Folder:
             self.close()
 
     def rel(self, target: Path | str) -> str:
-        """``target`` (a path under this folder, or already relative) as a relative POSIX path."""
-        target = Path(target)
-        if target.is_absolute() or target.parts[: len(self.path.parts)] == self.path.parts:
-            try:
-                target = target.relative_to(self.path)
-            except ValueError:
-                raise FolderError(f"{target} is not inside {self.path}") from None
-        return "/".join(relative_parts(target.as_posix()))
+        """``target`` as a POSIX path relative to this folder: a string is one already, a Path is
+        one under this folder's path."""
+        if isinstance(target, str):
+            return "/".join(relative_parts(target))
+        try:
+            inside = Path(os.path.abspath(target)).relative_to(os.path.abspath(self.path))
+        except ValueError:
+            raise FolderError(f"{target} is not inside {self.path}") from None
+        return "/".join(relative_parts(inside.as_posix()))
 
     def where(self, rel: str) -> Path:
         return self.path / rel if rel else self.path

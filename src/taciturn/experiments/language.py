@@ -59,6 +59,17 @@ def check_memory(config: RunConfig) -> None:
         "use a smaller max_length or batch_size",
     )
     if model.source == "tiny":
+        # a lower bound first, in closed form: building a model of 10**9 layers, even on the meta
+        # device, is 10**9 Python modules. Per layer, attention's 4 h^2 and an MLP of at least 6 h^2
+        # (Llama: 3 matrices h x 2h; GPT-2: 2 of h x 4h), plus the byte embeddings; and each layer's
+        # modules cost memory of their own (64 KiB is below what PyTorch takes for one).
+        h, layers = model.hidden, model.layers
+        params = layers * 10 * h * h + ByteTokenizer().vocab_size * h
+        memory.check_fits(
+            f"[model] a tiny causal language model of {layers:,} layers of width {h:,}",
+            memory.PARAMETER_COPIES * 4 * params + 65536 * layers,
+            "make it smaller",
+        )
         memory.check_model(
             lambda: tiny_model(
                 model.architecture, ByteTokenizer(), model.hidden, model.layers, model.heads, model.max_length

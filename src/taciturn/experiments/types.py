@@ -139,10 +139,10 @@ def resume(path: Path, report: bool = True, trust_code: bool = False, **options:
     data.factory, a loss "pkg.mod:fn") is imported only if this user's taciturn wrote the folder
     (its manifest's MAC checks) or ``trust_code``: a folder from someone else runs no code unasked."""
     rundir = RunDir(path).require()
-    rundir.check_own_files()
     tree = run_tree(rundir)
     kind = TYPES[_known_type(tree, str(rundir.config))]()
     load_run_config(rundir, kind.config)  # the run's own config, or an error naming config.toml
+    rundir.check_own_files()
     if report:  # what the report will read is checked now, not after the rounds it resumes
         rundir.verify()
     with plugins.trusted(rundir, tree, trust_code, "resume"):

@@ -4,8 +4,9 @@
 (checkpoints and plots included), each file entered before it is created, so that ``--overwrite``
 deletes exactly these and nothing a user put beside them. Files whose contents matter carry their
 SHA-256 and length: whole files as written, appended files (metrics, ledger, events) as of the last
-checkpoint or the end of the run; a log or a scratch file carries none. ``report`` checks the files
-it reads against it and names any that changed.
+checkpoint or the end of the run (run.log too), scratch files (a disk store's slots) as of the end of
+the run. ``report`` checks the files it reads against it and names any that changed; ``--overwrite``
+deletes none that changed since (it may be the user's work now), nor does any run write over one.
 
 The manifest also carries an HMAC-SHA256 made with this user's key (core/signing.py) when this
 user's taciturn wrote the run: a folder edited or received from someone else has none that checks,
@@ -93,10 +94,12 @@ class Manifest:
             self.files.setdefault(rel, {})
         return new
 
-    def record(self, fs: Folder, rel: str, appended: bool = False) -> None:
-        """Enter the file's digest and length as they are now."""
-        size = fs.size(rel)
-        self.files[rel] = {"sha256": fs.digest(rel), "bytes": size} | ({"appended": True} if appended else {})
+    def record(self, fs: Folder, rel: str, kind: str | None = None) -> None:
+        """Enter the file's digest and length as they are now; ``kind``: "appended" (a file a run
+        appends to, that may grow past them while it runs) or "scratch" (rewritten while it runs,
+        checked only once it has ended)."""
+        entry = {"sha256": fs.digest(rel), "bytes": fs.size(rel)}
+        self.files[rel] = entry | ({kind: True} if kind else {})
 
     def set_appended(self, rel: str, size: int, digest: str) -> None:
         self.files[rel] = {"sha256": digest, "bytes": size, "appended": True}
@@ -128,7 +131,7 @@ class Manifest:
         """Whether file ``rel``, listed with a digest, no longer holds what taciturn wrote (an
         appended file of a run that did not end may have grown past it)."""
         entry = self.files.get(rel, {})
-        if "sha256" not in entry or fs.kind(rel) != "file":
+        if "sha256" not in entry or fs.kind(rel) != "file" or (entry.get("scratch") and not self.complete):
             return False
         size, wanted = fs.size(rel), int(entry["bytes"])
         grew = entry.get("appended") and not self.complete and size > wanted

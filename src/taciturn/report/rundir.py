@@ -417,8 +417,9 @@ class RunDir:
         self.check_own_files()  # what --overwrite will delete: taciturn's own files, not links to others
 
     def check_own_files(self) -> None:
-        """Every file and folder the manifest lists is still a plain file or folder (or gone): a link
-        or anything else in their place is refused before any work, by name."""
+        """Every file and folder the manifest lists is still a plain file or folder (or gone), and
+        every file a run rewrites still holds what taciturn wrote: a link in their place, or a file
+        the user changed since, is refused before any work, by name."""
         manifest = self._manifest()
         if manifest is None:
             return
@@ -430,6 +431,12 @@ class RunDir:
                     "wrote there (a link, or something else): taciturn never writes, reads or deletes "
                     "through it; remove it yourself, or use another folder"
                 )
+        for rel, entry in manifest.files.items():
+            # the files a run or a report writes over (the report, plots, a store's slots); what they
+            # only read or append to is checked by the checkpoints and `verify`, with their own words
+            rewritten = not (entry.get("appended") or rel in REPORTED or rel.startswith("checkpoints/"))
+            if rewritten and manifest.changed(fs, rel):
+                raise RunDirError(_changed(self.path / rel))
 
     def reset(self, config: Any, toml: str) -> None:
         """Start the folder afresh for ``config`` (validated) written as ``toml``: what the previous
@@ -519,6 +526,8 @@ class RunDir:
         for name, (size, digest) in appended.items():
             if size or self.has(name):
                 manifest.set_appended(name, size, digest)
+        if self.has(LOG):
+            manifest.record(session.fs, LOG, "appended")
         session.claimed = {
             (rel + key[len(tmp) :] if key == tmp or key.startswith(tmp + "/") else key): is_dir
             for key, is_dir in session.claimed.items()
@@ -532,12 +541,16 @@ class RunDir:
         session.save()
 
     def finished(self) -> None:
-        """The run ended: the appended files enter the manifest as they are, for `report` to check."""
+        """The run ended: the appended files (run.log too) and the scratch files enter the manifest as
+        they are, for `report` to check and for `--overwrite` to know they are still taciturn's."""
         session = self._held_session()
         manifest = session.listing()
-        for name in APPENDED:
+        for name in (*APPENDED, LOG):
             if self.has(name):
-                manifest.record(session.fs, name, appended=True)
+                manifest.record(session.fs, name, "appended")
+        for rel, entry in list(manifest.files.items()):  # what the run rewrote as it went
+            if "sha256" not in entry and session.fs.kind(rel) == "file":
+                manifest.record(session.fs, rel, "scratch")
         manifest.complete = True
         session.save(sync=True)
 
@@ -557,7 +570,7 @@ class RunDir:
         if session is not None:  # the manifest now holds them as they are at the checkpoint
             for name in lengths:
                 if self.has(name):
-                    session.listing().record(session.fs, name, appended=True)
+                    session.listing().record(session.fs, name, "appended")
             session.listing().complete = False
             session.save(sync=True)
 
