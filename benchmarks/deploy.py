@@ -34,7 +34,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from docs_section import markdown_table, replace_section
+from protocol import markdown_table, replace_section
 from speed import workload_tree
 
 from taciturn.deploy.inprocess import InProcessGrid

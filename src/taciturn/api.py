@@ -27,6 +27,7 @@ from taciturn.experiments import types
 from taciturn.experiments.config import ConfigError, read_tree
 from taciturn.experiments.export import export as _export
 from taciturn.experiments.export import load_model
+from taciturn.experiments.progress import show_progress
 from taciturn.experiments.user import UserObjects, check_metric_names
 from taciturn.report.rundir import RunDir
 
@@ -47,6 +48,11 @@ class Result:
     def model(self) -> nn.Module:
         """The trained global model as an instance of the run's model class (a copy of the one given)."""
         return load_model(self.dir, self.objects.model)
+
+    @property
+    def best_model(self) -> nn.Module:
+        """The best model the run kept (``[checkpoint] best = "<metric>"``), as ``model`` is the last."""
+        return load_model(self.dir, self.objects.model, best=True)
 
 
 def _describe(value: Any) -> str:
@@ -124,7 +130,7 @@ def run(
     metrics: Mapping[str, Callable] | None = None,
     out: str | Path | None = None,
     overwrite: bool = False,
-    progress: bool = False,
+    progress: bool | None = None,
     report: bool = True,
 ) -> Result:
     """Run a federated experiment, as ``taciturn run`` does, into ``out`` (default runs/<name>).
@@ -133,12 +139,13 @@ def run(
     dataset (a (train, test) pair, a DatasetDict, or one set of which a seeded 10% is held out).
     ``loss(outputs, targets)`` returns a batch's mean loss; ``metrics`` maps names to
     ``metric(outputs, targets)`` (per-sample values or a batch mean), reported every evaluation.
+    ``progress``: a progress bar (rich) of rounds, the leading metric and bytes; by default shown in
+    a terminal or a notebook, not when the output goes to a file; False silences it.
     """
     objects = _objects(model, data, loss, metrics)
     out = _path(out, "out")
-    overwrite, progress, report = (
-        _flag(v, n) for v, n in ((overwrite, "overwrite"), (progress, "progress"), (report, "report"))
-    )
+    overwrite, report = (_flag(v, n) for v, n in ((overwrite, "overwrite"), (report, "report")))
+    progress = show_progress() if progress is None else _flag(progress, "progress")
     tree, source = _tree(config)
     given = _any(objects)
     if given:
@@ -158,7 +165,7 @@ def resume(
     data: Any = None,
     loss: Callable | None = None,
     metrics: Mapping[str, Callable] | None = None,
-    progress: bool = False,
+    progress: bool | None = None,
     report: bool = True,
     trust_code: bool = False,
 ) -> Result:
@@ -170,10 +177,9 @@ def resume(
     path = _path(run_dir, "run_dir")
     if path is None:
         raise ConfigError("run_dir= is the run directory to resume")
-    flags = {
-        n: _flag(v, n) for n, v in (("report", report), ("progress", progress), ("trust_code", trust_code))
-    }
-    rundir = types.resume(path, **flags, **options)
+    progress = show_progress() if progress is None else _flag(progress, "progress")
+    flags = {n: _flag(v, n) for n, v in (("report", report), ("trust_code", trust_code))}
+    rundir = types.resume(path, progress=progress, **flags, **options)
     return Result(rundir.path, objects)
 
 
@@ -184,11 +190,11 @@ def export(
     round: int | None = None,
     model: nn.Module | None = None,
     overwrite: bool = False,
+    best: bool = False,
     trust_code: bool = False,
 ) -> Path:
-    """Write the run's global model (of its last checkpoint, or of ``round``): a safetensors
-    state_dict for ``model.load_state_dict``, or a Hugging Face ``save_pretrained`` folder ("hf");
-    ``trust_code`` as for ``resume`` (only "hf" builds the model)."""
-    return _export(
-        run_dir, out, format, round, model, _flag(overwrite, "overwrite"), _flag(trust_code, "trust_code")
-    )
+    """Write the run's global model (of its last checkpoint, of ``round``, or with ``best`` the best
+    one kept): a safetensors state_dict for ``model.load_state_dict``, or a Hugging Face
+    ``save_pretrained`` folder ("hf"); ``trust_code`` as for ``resume`` (only "hf" builds the model)."""
+    flags = [_flag(v, n) for v, n in ((overwrite, "overwrite"), (best, "best"), (trust_code, "trust_code"))]
+    return _export(run_dir, out, format, round, model, *flags)

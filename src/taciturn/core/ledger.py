@@ -7,7 +7,9 @@ the bytes of the transport's own serialized message around the payload (Flower's
 metadata), which may carry no payload at all (a training request with no model, an empty reply);
 ``wire_bytes`` counts those, so framing overhead is measured (0 in simulation: no wire).
 The ledger keeps one row per (round, client, direction) that saw traffic, so its size grows with
-the traffic, not with the number of clients.
+the traffic, not with the number of clients. A private run writes one row per (round, direction)
+instead, client ``all`` (``write_csv(by_client=False)``): which clients took part is what
+amplification by sampling assumes hidden, and a file naming them per round would give it away.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class Direction(enum.Enum):
     DOWN = "down"  # server -> client
 
 
+ALL = "all"  # the client column of a row summed over a round's clients (private runs)
 PAYLOAD = ("messages_sent", "messages_delivered", "bytes_sent", "bytes_delivered")
 COLUMNS = ("round", "client", "direction", *PAYLOAD, "wire_bytes")
 
@@ -93,13 +96,21 @@ class Ledger:
             if wanted is None or r in wanted
         ]
 
-    def write_csv(self, out: TextIO, round: int, header: bool = False) -> None:
+    def write_csv(self, out: TextIO, round: int, header: bool = False, by_client: bool = True) -> None:
         """Write one round's rows as CSV to ``out`` (a run's ledger.csv, appended round by round as
-        the run goes; report/rundir.py opens it), then forget them."""
+        the run goes; report/rundir.py opens it), then forget them; ``by_client=False``: one row per
+        direction, summed over the round's clients."""
+        rows = self.rows([round])
+        if not by_client:
+            rows = [
+                {"round": round, "client": ALL, "direction": d.value, **vars(self.round_totals(round, d))}
+                for d in Direction
+                if any(row["direction"] == d.value for row in rows)
+            ]
         writer = csv.DictWriter(out, fieldnames=COLUMNS)
         if header:
             writer.writeheader()
-        writer.writerows(self.rows([round]))
+        writer.writerows(rows)
         self.forget_before(round + 1)
 
     def forget_before(self, round: int) -> None:

@@ -28,7 +28,8 @@ from taciturn.core.rng import Streams
 from taciturn.deploy import protocol
 from taciturn.deploy.node_state import NodeStateStore
 from taciturn.deploy.settings import DeployError, NodeSettings, run_config_of, run_folder
-from taciturn.engine.local_training import train_locally
+from taciturn.engine.local_training import keep_optimizer, split_state, train_locally
+from taciturn.engine.pipeline import without_statistics
 from taciturn.engine.trust import TrustedWeights
 from taciturn.tasks.base import ClientData
 
@@ -42,6 +43,7 @@ class NodeSetup:
     data: ClientData
     loss: Loss
     buffers: frozenset[str]
+    private: bool  # [privacy]: training statistics stay on the node (engine/pipeline.py)
 
 
 @lru_cache(maxsize=2)
@@ -57,7 +59,9 @@ def node_setup(config_text: str, data: tuple[tuple[str, object], ...] = ()) -> N
     # what the server's ClientPipeline gives its algorithm, so both ends compute alike
     algorithm.use_streams(streams)
     algorithm.use_population(data.num_clients, TrustedWeights(config.server, data).total())
-    return NodeSetup(algorithm, streams, data, task.loss, getattr(task, "buffers", frozenset()))
+    buffers = getattr(task, "buffers", frozenset())
+    algorithm.use_buffers(buffers)  # averaged: local ones are refused
+    return NodeSetup(algorithm, streams, data, task.loss, buffers, config.privacy.enabled)
 
 
 def serve_client(
@@ -66,27 +70,30 @@ def serve_client(
     """One client's round on this node; its uplink (None: the client stays silent)."""
     algorithm, client = setup.algorithm, request.client
     state = store.settle(client, request.accepted, request.kept)
+    own, optimizer_state = split_state(state)  # the algorithm's part; the optimizer's (when kept)
     ctx = ClientContext(
         client,
         request.round,
         protocol.message_of(request.payload),
-        state,
+        own,
         setup.data.client_size(client),
         setup.streams,
         setup.data,
         setup.loss,
         setup.buffers,
+        optimizer_state,
     )
     begun = algorithm.client_begin(ctx)
     if isinstance(begun, LocalTraining):
-        output = algorithm.client_end(
-            ctx, begun, train_locally(algorithm, ctx, begun, algorithm.config.local)
-        )
+        result = train_locally(algorithm, ctx, begun, algorithm.config.local)
+        output = keep_optimizer(algorithm, ctx, algorithm.client_end(ctx, begun, result), result)
     else:
         output = begun
     assert isinstance(output, ClientOutput)
     # in effect once the server names this round (node_state.py); None: its state is unchanged
     store.save(client, request.round, state if output.state is None else output.state)
+    if setup.private and output.uplink is not None:
+        return without_statistics(output.uplink)
     return output.uplink
 
 
@@ -126,16 +133,17 @@ def hosted_size(setup: NodeSetup, client: int) -> int:
 
 
 def masked_reply(request: protocol.TrainRequest, uplink: TaciturnMessage | None) -> RecordDict:
-    """The node's FitRes for the mod to mask: the uplink's arrays in name order, weight n_k."""
+    """The node's FitRes for the mod to mask: the uplink's arrays in name order, weight n_k. No
+    metrics: a FitRes's metrics travel in the clear beside the masked vector, so a train_loss there
+    would hand the server one client's statistic that SecAgg+ is meant to hide."""
     if uplink is None:
         raise DeployError(f"client {request.client} sent no update; SecAgg+ masks one from every node")
-    loss = uplink.meta.get("train_loss")
     return compat.fitres_to_recorddict(
         FitRes(
             Status(Code.OK, ""),
             ndarrays_to_parameters([np.asarray(uplink.arrays[n]) for n in sorted(uplink.arrays)]),
             int(uplink.meta["num_samples"]),
-            {"train_loss": loss} if isinstance(loss, float) else {},
+            {},
         ),
         keep_input=False,
     )

@@ -37,15 +37,20 @@ class CheckpointError(RunDirError):
 
 
 def commit(
-    folder: Path, write: Callable[[Folder], None], rundir: RunDir | None = None, pinned: tuple[str, ...] = ()
+    folder: Path,
+    write: Callable[[Folder], None],
+    rundir: RunDir | None = None,
+    pinned: tuple[str, ...] = (),
+    rows: bool = True,
 ) -> None:
     """Write a checkpoint with ``write(tmp_folder)``, then make it durable and put it in place.
 
     With ``rundir`` (the run the checkpoint belongs to), the manifest also records the digest of
-    config.toml and of the ``pinned`` files beside it (e.g. a fedq run's MDP), and the length and
-    digest of every appended file (metrics, ledger, events) as they stand: on resume, an edit to
-    any of them is caught, and whatever was appended after the checkpoint is cut off. Every file
-    goes through core/folder.py (no links) and enters the run's manifest before it exists.
+    config.toml and of the ``pinned`` files beside it (e.g. a fedq run's MDP), and (``rows``) the
+    length and digest of every appended file (metrics, ledger, events) as they stand: on resume, an
+    edit to any of them is caught, and whatever was appended after the checkpoint is cut off. The
+    best model (experiments/best.py) is committed without ``rows``: no resume starts from it. Every
+    file goes through core/folder.py (no links) and enters the run's manifest before it exists.
     """
     if rundir is None:  # a checkpoint outside a run (tools, tests): its parent folder is the root
         folder = Path(folder).absolute()
@@ -72,7 +77,7 @@ def commit(
         if rundir is not None:
             rundir.sync()  # the rows up to this checkpoint are on disk before it is
             manifest["pinned"] = {name: fs.digest(name) for name in ("config.toml", *pinned)}
-            for name in rundir.appended:
+            for name in rundir.appended if rows else ():
                 size = fs.size(name) if fs.exists(name) else 0
                 appended[name] = (size, fs.digest(name, size) if size else hashlib.sha256().hexdigest())
             manifest["appended"] = {name: {"bytes": b, "sha256": d} for name, (b, d) in appended.items()}
@@ -106,17 +111,20 @@ def _files(folder: Folder, below: str = "") -> list[str]:
     return found
 
 
-def _locate(folder: Path) -> tuple[Folder, str]:
-    """The run folder a checkpoint folder (run/checkpoints/round_N) lives in, and its path there:
-    every read goes from the run folder down, never through a link."""
+def _locate(folder: Path, run: Path | None = None) -> tuple[Folder, str]:
+    """The run folder a checkpoint folder lives in (``run``, by default two levels up:
+    run/checkpoints/round_N), and its path there: every read goes from the run folder down, never
+    through a link."""
     folder = Path(folder).absolute()
-    return RunDir(folder.parent.parent).fs, f"{folder.parent.name}/{folder.name}"
+    rundir = RunDir(folder.parent.parent if run is None else Path(run).absolute())
+    return rundir.fs, rundir.rel(folder)
 
 
-def verify(folder: Path) -> dict[str, int]:
+def verify(folder: Path, run_dir: Path | None = None) -> dict[str, int]:
     """Check a checkpoint against its manifest (and the run files it records); return the lengths the
-    appended files had when it was written. A mismatch is a clear error naming the file."""
-    run, rel = _locate(folder)
+    appended files had when it was written. A mismatch is a clear error naming the file. ``run_dir``:
+    the run folder it lives in, when it is not run/checkpoints/round_N (the best model: run/best)."""
+    run, rel = _locate(folder, run_dir)
     folder = run.where(rel)
     try:
         manifest = json.loads(run.read_text(f"{rel}/{MANIFEST}"))

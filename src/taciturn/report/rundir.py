@@ -7,7 +7,10 @@ ledger.csv          bytes and messages per round, client and direction
 events.jsonl        rejected updates and failed clients, with reasons
 partition.json      per-client sample counts and class histogram
 checkpoints/        round_NNNNNN/{server,clients}.safetensors + progress.json + manifest.json
-plots/*.png         accuracy vs round, accuracy vs bytes, bytes per round, partition
+plots/*.png         accuracy vs round, accuracy vs bytes, bytes per round, partition, client distribution
+best/               the best global model ([checkpoint] best): model.safetensors, best.json, manifest.json
+tensorboard/        TensorBoard's event files ([tracking] tensorboard)
+mlflow.db           MLflow's store ([tracking] mlflow, unless mlflow_uri names another)
 report.html         self-contained report
 run.log             the log
 manifest.json       every file and folder taciturn wrote here, with digests and this user's MAC
@@ -65,7 +68,12 @@ TOP_FILES = (
     "mdp.safetensors",
     "client_state.bin",
     "client_state.layout.json",
+    "mlflow.db",  # [tracking] mlflow's default store
 )
+# The folders a run makes at the top of its folder whose contents it replaces as a whole (the best
+# model, committed like a checkpoint): one that exists and is not in the manifest is the user's.
+TOP_FOLDERS = ("best",)
+BEST_RECORD = "best/best.json"
 # What `taciturn report` reads, checked against the manifest first.
 REPORTED = (CONFIG, INFO, *APPENDED, PARTITION, "mdp.safetensors")
 CHECKPOINT = re.compile(r"round_(\d{6})")
@@ -354,17 +362,23 @@ class RunDir:
     def append_jsonl(self, path: Path | str, row: dict[str, Any]) -> None:
         self.fs.append_text(self.rel(path), json.dumps(row, sort_keys=False) + "\n")
 
-    def append_ledger(self, ledger: Any, round: int) -> None:
-        """Append one round's rows of ``ledger`` (core/ledger.py) to ledger.csv."""
+    def append_ledger(self, ledger: Any, round: int, by_client: bool = True) -> None:
+        """Append one round's rows of ``ledger`` (core/ledger.py) to ledger.csv (``by_client=False``:
+        one row per direction, as private runs keep it)."""
         new = not self.has(LEDGER)
         with self.fs.open(LEDGER, "a", newline="") as f:
-            ledger.write_csv(f, round, header=new)
+            ledger.write_csv(f, round, header=new, by_client=by_client)
 
     def log_handler(self) -> logging.Handler:
         """A handler that appends the log to run.log (never through a link)."""
         handler = _QuietHandler(self.fs.text_stream(LOG))
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         return handler
+
+    def lists(self, path: Path | str) -> bool:
+        """Whether the manifest lists ``path`` as a file or folder taciturn wrote."""
+        manifest = self._manifest()
+        return manifest is not None and manifest.lists(self.rel(path))
 
     def claim(self, *names: str) -> None:
         """Enter files another process will create here (a disk store's slots) in the manifest."""
@@ -408,7 +422,7 @@ class RunDir:
         for rel in listed.files if listed else ():
             if listed.changed(session.fs, rel):
                 raise RunDirError(_changed(self.path / rel))
-        for name in TOP_FILES:
+        for name in (*TOP_FILES, *TOP_FOLDERS):
             if session.fs.kind(name) is not None and not (listed and listed.lists(name)):
                 raise RunDirError(
                     f"{self.path / name} is not a file taciturn wrote (no manifest.json lists it), and a "
