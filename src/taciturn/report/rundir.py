@@ -562,8 +562,9 @@ class RunDir:
         for name in (*APPENDED, LOG):
             if self.has(name):
                 manifest.record(session.fs, name, "appended")
-        for rel, entry in list(manifest.files.items()):  # what the run rewrote as it went
-            if "sha256" not in entry and session.fs.kind(rel) == "file":
+        for rel, entry in list(manifest.files.items()):  # what the run rewrote as it went (a
+            # resumed run rewrites the scratch files of the run before it: their digest is renewed)
+            if ("sha256" not in entry or entry.get("scratch")) and session.fs.kind(rel) == "file":
                 manifest.record(session.fs, rel, "scratch")
         manifest.complete = True
         session.save(sync=True)
