@@ -41,6 +41,13 @@ def tiny_config(**overrides) -> RunConfig:
     return validate(tree, "<test>")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_key(tmp_path_factory):
+    """The key that signs run folders (core/signing.py) lives in a temporary folder, never in the
+    real user's config directory; subprocesses the tests start inherit it."""
+    os.environ["TACITURN_KEY_DIR"] = str(tmp_path_factory.mktemp("signing-key"))
+
+
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch):
     monkeypatch.setenv("TACITURN_OFFLINE", "1")
@@ -50,3 +57,23 @@ def _offline(monkeypatch):
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+def forge_manifest(run) -> None:
+    """What someone who edits a run folder and wants it to pass can do: recompute the SHA-256 of
+    every file manifest.json lists (without the owner's key, the MAC goes)."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    path = Path(run) / "manifest.json"
+    if not path.exists():  # (the run folders of taciturn before issue 40 had none)
+        return
+    tree = json.loads(path.read_text())
+    for name, entry in tree["files"].items():
+        file = Path(run) / name
+        if "sha256" in entry and file.is_file():
+            data = file.read_bytes()
+            entry |= {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    tree.pop("mac", None)
+    path.write_text(json.dumps(tree))

@@ -13,7 +13,6 @@ from taciturn.core import Message
 from taciturn.core.rng import Streams
 from taciturn.experiments.config import ConfigError
 from taciturn.experiments.runner import prepare, start
-from taciturn.report.rundir import RunDir
 from tests.conftest import tiny_config
 
 
@@ -127,7 +126,7 @@ def test_a_huge_finite_update_is_rejected_by_name_instead_of_skipping_every_roun
     config = tiny_config(rounds=3, algorithm={"name": name, "fraction": 1.0}, attack=attack)
     rundir = start(config, tmp_path / "run", progress=False)
     last = rundir.read_metrics()[-1]
-    events = RunDir.read_jsonl(rundir.events)
+    events = rundir.read_jsonl(rundir.events)
     (attacker,) = pick_attackers(0.125, 8, Streams(config.seed))
     assert last["skipped"] == 0 and last["rejected"] == 3
     assert all(

@@ -107,7 +107,8 @@ def test_ledger_csv_round_trip(tmp_path):
             channel.send(Direction.DOWN, r, c, msg())
             channel.send(Direction.UP, r, c, msg(r))
         assert ledger.round_totals(r, Direction.DOWN).messages_sent == 5
-        ledger.append_csv(tmp_path / "ledger.csv", r)
+        with (tmp_path / "ledger.csv").open("a", newline="") as f:
+            ledger.write_csv(f, r, header=r == 1)
     rebuilt = Ledger.from_csv(tmp_path / "ledger.csv")
     for d in Direction:
         assert rebuilt.totals(d) == ledger.totals(d)

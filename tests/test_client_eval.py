@@ -14,7 +14,7 @@ from taciturn.core.rng import Streams
 from taciturn.experiments import types
 from taciturn.experiments.config import ConfigError, load_config
 from taciturn.experiments.runner import _client_evaluation, build_task, prepare, resume, start
-from tests.conftest import tiny_config
+from tests.conftest import forge_manifest, tiny_config
 from tests.test_runner import Interrupt, metrics_without_time, stop_after
 
 SIZES = [10, 5, 20, 8, 1]  # client k holds SIZES[k] samples, all of class k % 3
@@ -214,6 +214,7 @@ def test_a_report_of_tampered_client_columns_skips_or_escapes_them(tmp_path):
     rows[-1]["eval_clients"] = "<b>many</b>"
     rows[-1]["client_accuracy_by_client"] = {"0": "<i>x</i>", "1": None, "2": 0.5}
     rundir.metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    forge_manifest(rundir.path)  # whoever edits the folder can recompute its digests
     page = types.report(rundir).read_text()
     assert "&lt;b&gt;many&lt;/b&gt; clients" in page and "<b>many</b>" not in page
     assert (rundir.plots / "client_distribution.png").is_file()

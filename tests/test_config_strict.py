@@ -49,7 +49,9 @@ def test_numbers_inside_arrays_are_strict_too():
     ],
 )
 def test_sizes_beyond_the_machine_fail_before_any_allocation(tmp_path, overrides, message):
-    with pytest.raises(ConfigError, match=message + r".* GiB of memory"):
+    with pytest.raises(
+        ConfigError, match=message + r".* GiB \(this machine's memory\); .*TACITURN_MAX_MEMORY_GIB"
+    ):
         types.start(tiny_config(**overrides), tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
 

@@ -112,7 +112,7 @@ def test_a_different_seed_is_another_path_on_the_same_mdp_and_compare_overlays_t
     assert "compare.html" in capsys.readouterr().err
     federated = tmp_path / "fed"
     federated.mkdir()
-    (federated / "config.toml").write_text('name = "x"\n')
+    (federated / "config.toml").write_text('type = "federated"\nname = "x"\nseed = 0\n')
     assert main(["compare", str(a.path), str(federated), "--out", str(tmp_path / "cmp2")]) == 2
     assert "cannot compare runs of different experiment types" in capsys.readouterr().err
 

@@ -267,7 +267,7 @@ def test_a_round_that_shrank_below_the_rules_guarantee_is_skipped_with_the_reaso
         aggregation={"kind": "krum", "byzantine": 1},
     )
     rundir = start(config, tmp_path / "run", progress=False)
-    events = RunDir.read_jsonl(rundir.events)
+    events = rundir.read_jsonl(rundir.events)
     skipped = [e for e in events if e["event"] == "skipped"]
     assert skipped and all("Krum tolerates f = 1" in e["reason"] for e in skipped)
     assert 0 < rundir.read_metrics()[-1]["skipped"] < 6

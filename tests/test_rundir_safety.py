@@ -2,24 +2,24 @@
 crash leftovers (temporary checkpoints, torn lines) handled on resume, one writer at a time, and
 checkpoints verified by digest."""
 
-import fcntl
 import hashlib
 import json
 import logging
-import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import forge_manifest, tiny_config
 
 from taciturn.cli import main
 from taciturn.core.codec import decode, encode
 from taciturn.core.message import Message
-from taciturn.experiments import types
+from taciturn.experiments import checkpoint, types
 from taciturn.experiments.checkpoint import MANIFEST, CheckpointError
 from taciturn.experiments.config import ConfigError, load_config, to_toml
-from taciturn.report.rundir import LOCK, RunDir, RunDirError
+from taciturn.report.rundir import RunDir, RunDirError
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +95,15 @@ def test_every_valid_name_round_trips_through_config_toml(tmp_path):
 # ----- crash leftovers -----
 def test_a_leftover_temporary_checkpoint_is_ignored_and_removed(run, finished):
     _crash_after_round_4(run)
+
+    def crash(tmp):  # a process killed while it wrote round 6's checkpoint
+        tmp.write_bytes("server.safetensors", b"half")
+        raise KeyboardInterrupt
+
+    with run.lock(), pytest.raises(KeyboardInterrupt):
+        checkpoint.commit(run.checkpoint_dir(6), crash, run)
     tmp = run.checkpoints / "round_000006.tmp"
-    tmp.mkdir()
-    (tmp / "server.safetensors").write_bytes(b"half")
+    assert (tmp / "server.safetensors").read_bytes() == b"half"
     types.resume(run.path, report=False, progress=False)
     assert not tmp.exists()
     assert _numbers(run) == _numbers(RunDir(finished))
@@ -106,7 +112,9 @@ def test_a_leftover_temporary_checkpoint_is_ignored_and_removed(run, finished):
 @pytest.mark.parametrize("file", ["metrics.jsonl", "ledger.csv", "events.jsonl"])
 def test_a_torn_last_line_is_cut_on_resume(run, finished, file, caplog):
     _crash_after_round_4(run)
-    with (run.path / file).open("a") as f:
+    with run.lock():  # taciturn makes the file (this run had no events) ...
+        run.fs.append_text(file, "")
+    with (run.path / file).open("a") as f:  # ... and is killed in the middle of a line
         f.write('{"round": 5, "accur' if file.endswith("jsonl") else "5,3,u")
     with caplog.at_level(logging.WARNING, logger="taciturn"):
         types.resume(run.path, report=False, progress=False)
@@ -124,22 +132,43 @@ def test_a_run_file_edited_before_the_checkpoint_is_a_clean_error(run, file):
     text = path.read_text()
     at = next(i for i, c in enumerate(text) if c in "123456789" and i > 40)
     path.write_text(text[:at] + str(int(text[at]) % 9 + 1) + text[at + 1 :])
-    with pytest.raises(CheckpointError, match=file.replace(".", r"\.")):
+    with pytest.raises(
+        RunDirError, match=file.replace(".", r"\.")
+    ):  # a CheckpointError, or the config's digest
         types.resume(run.path, report=False, progress=False)
 
 
 # ----- one writer at a time -----
-def test_a_second_writer_gets_a_clear_error(run):
-    fd = os.open(run.path / LOCK, os.O_RDWR | os.O_CREAT)
+LOCKER = """
+import sys
+from taciturn.report.rundir import RunDir
+with RunDir(sys.argv[1]).lock():
+    print("locked", flush=True)
+    sys.stdin.read()  # held until the test closes our stdin
+"""
+
+
+def test_a_second_process_is_refused_even_after_the_lock_file_is_unlinked(run):
+    """The lock was a file: unlinking it while a run wrote let a second `run --overwrite` start, and
+    both appended to metrics.jsonl. It is the folder's own lock now: two real processes."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCKER, str(run.path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another process's run, as the kernel sees it
+        assert holder.stdout.readline().strip() == b"locked"
+        for leftover in run.path.glob(".taciturn*"):
+            leftover.unlink()  # what once bypassed the lock
+        before = run.metrics.read_bytes()
+        with pytest.raises(RunDirError, match="in use by another taciturn process"):
+            types.start(tiny_config(rounds=2), run.path, overwrite=True, report=False, progress=False)
         with pytest.raises(RunDirError, match="in use by another taciturn process"):
             types.resume(run.path, report=False, progress=False)
-        with pytest.raises(RunDirError, match="in use"):
-            types.start(tiny_config(), run.path, overwrite=True, progress=False)
+        assert main(["report", str(run.path)]) == 2
+        assert run.metrics.read_bytes() == before
     finally:
-        os.close(fd)
-    types.resume(run.path, report=False, progress=False)  # released: it works again
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    types.resume(run.path, report=False, progress=False)  # released when the holder ended
 
 
 # ----- verified checkpoints -----
@@ -186,6 +215,7 @@ def test_the_report_escapes_a_tampered_partition(run):
     part["kind"] = "<script>alert(1)</script>"
     part["source"] = "<img src=x onerror=alert(2)>"
     run.partition.write_text(json.dumps(part))
+    forge_manifest(run.path)
     page = types.report(run).read_text()
     assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "<img src=x" not in page
@@ -196,6 +226,7 @@ def test_a_non_numeric_metric_is_a_clean_report_error(run, value, capsys):
     lines = run.metrics.read_text().splitlines()
     lines[2] = lines[2].replace('"accuracy": ', f'"accuracy": {value}, "was": ', 1)
     run.metrics.write_text("\n".join(lines) + "\n")
+    forge_manifest(run.path)
     assert main(["report", str(run.path)]) == 2
     err = capsys.readouterr().err
     assert "metrics.jsonl line 3: accuracy is" in err and "Traceback" not in err
@@ -206,6 +237,7 @@ def test_a_non_numeric_metric_is_a_clean_report_error(run, value, capsys):
 def test_a_partition_with_bad_counts_is_a_clean_report_error(run, num_clients):
     text = run.partition.read_text()
     run.partition.write_text(text.replace('"num_clients": 8', f'"num_clients": {num_clients}'))
+    forge_manifest(run.path)
     with pytest.raises(RunDirError, match=r"partition\.json is damaged"):
         types.report(run)
 
@@ -267,6 +299,116 @@ def test_a_damaged_bandits_run_is_a_clean_report_error(tmp_path, capsys):
     lines = run.metrics.read_text().splitlines()
     lines[-1] = lines[-1].replace('"regret": [', '"regret": ["x", ', 1)
     run.metrics.write_text("\n".join(lines) + "\n")
+    forge_manifest(run.path)
     assert main(["report", str(run.path)]) == 2
     err = capsys.readouterr().err
     assert "damaged and cannot be reported" in err and "Traceback" not in err
+
+
+# ----- --overwrite deletes what the manifest lists, never by pattern (issue 40) -----
+def test_overwrite_keeps_a_users_files_among_taciturns(run, tmp_path):
+    """Any PNG under plots/ and whole checkpoint round folders used to be deleted."""
+    types.report(run)  # taciturn's plots
+    (run.plots / "my_figure.png").write_bytes(b"mine")
+    (run.checkpoint_dir(4) / "my_thesis_data.csv").write_text("mine")
+    config = tmp_path / "c.toml"
+    config.write_text(to_toml(tiny_config(rounds=2)))
+    assert main(["run", str(config), "--out", str(run.path), "--overwrite", "--quiet"]) == 0
+    assert (run.plots / "my_figure.png").read_bytes() == b"mine"
+    assert (run.checkpoint_dir(4) / "my_thesis_data.csv").read_text() == "mine"
+    assert sorted(p.name for p in run.checkpoint_dir(4).iterdir()) == [
+        "my_thesis_data.csv"
+    ]  # taciturn's went
+    assert not run.checkpoint_dir(6).exists()
+    assert run.read_metrics()[-1]["round"] == 2
+
+
+@pytest.mark.parametrize("own", ["config.toml", "run.log", "metrics.jsonl", "report.html"])
+def test_overwrite_never_replaces_a_file_taciturn_did_not_write(tmp_path, capsys, own):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / own).write_text("the user's own\n")
+    config = tmp_path / "c.toml"
+    config.write_text(to_toml(tiny_config(rounds=2)))
+    assert main(["run", str(config), "--out", str(out), "--overwrite", "--quiet"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{out / own} is not a file taciturn wrote" in err and "Traceback" not in err
+    assert (out / own).read_text() == "the user's own\n"
+    assert sorted(p.name for p in out.iterdir()) == [own]
+
+
+def test_overwrite_of_a_folder_of_other_files_writes_beside_them(tmp_path, capsys):
+    """The refusal says what --overwrite does: it deletes only what a manifest lists, so a run
+    goes beside the user's files, which stay."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    config = tmp_path / "c.toml"
+    config.write_text(to_toml(tiny_config(rounds=2)))
+    assert main(["run", str(config), "--out", str(out), "--quiet"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "deletes only the files its manifest.json lists as its own" in err
+    assert main(["run", str(config), "--out", str(out), "--overwrite", "--quiet"]) == 0
+    assert (out / "notes.txt").read_text() == "mine" and RunDir(out).read_metrics()[-1]["round"] == 2
+    assert main(["run", str(config), "--out", str(out), "--overwrite", "--quiet"]) == 0  # its own run now
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+# ----- resume continues only the run's own config (issue 40) -----
+def _no_checkpoint(run: RunDir) -> None:
+    """A run that crashed before its first checkpoint."""
+    shutil.rmtree(run.checkpoints)
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ("", "config.toml is empty"),  # a full disk when the run started: 0 bytes
+        ("name = [", "config.toml is not valid TOML"),
+        ("{}", "config.toml is not valid TOML"),
+        (
+            'type = "federated"\nname = "tiny"\nseed = 3\n',
+            "config.toml is not the config this run was started with",
+        ),
+    ],
+    ids=["empty", "unparsable", "braces", "defaults"],
+)
+def test_resume_refuses_a_config_that_is_not_the_runs(run, monkeypatch, capsys, config, says):
+    """Resuming without a checkpoint starts the run again from its config: an empty config.toml
+    parsed as {} once started the default experiment (Fashion-MNIST, 100 clients, 50 rounds)."""
+    _no_checkpoint(run)
+    run.config.write_text(config)
+
+    def started(*args, **kwargs):
+        raise AssertionError("a run was started from this config")
+
+    monkeypatch.setattr("taciturn.experiments.runner.prepare", started)
+    before = {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()}
+    assert main(["resume", str(run.path), "--quiet"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert says in err and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()} == before
+
+
+def test_resume_refuses_another_valid_config(run, monkeypatch):
+    _no_checkpoint(run)
+    run.config.write_text(to_toml(tiny_config(rounds=50)))
+    monkeypatch.setattr("taciturn.experiments.runner.prepare", lambda *a, **k: pytest.fail("started"))
+    with pytest.raises(RunDirError, match=r"config\.toml is not the config this run was started with"):
+        types.resume(run.path, report=False, progress=False)
+
+
+@pytest.mark.parametrize(
+    "name", ["plots/accuracy_vs_round.png", "checkpoints/round_000004/server.safetensors"]
+)
+def test_overwrite_keeps_a_file_of_taciturns_that_the_user_changed(run, tmp_path, capsys, name):
+    """A file taciturn wrote and the user wrote over since (their own figure under taciturn's
+    name) may hold their work: it is neither replaced nor deleted."""
+    types.report(run)
+    (run.path / name).write_bytes(b"the user's own")
+    config = tmp_path / "c.toml"
+    config.write_text(to_toml(tiny_config(rounds=2)))
+    assert main(["run", str(config), "--out", str(run.path), "--overwrite", "--quiet"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{run.path / name} changed since taciturn wrote it" in err
+    assert (run.path / name).read_bytes() == b"the user's own"

@@ -15,6 +15,7 @@ needs them again.
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from taciturn.experiments.config import ConfigError, read_tree
 from taciturn.experiments.export import export as _export
 from taciturn.experiments.export import load_model
 from taciturn.experiments.progress import show_progress
-from taciturn.experiments.user import UserObjects
+from taciturn.experiments.user import UserObjects, check_metric_names
 from taciturn.report.rundir import RunDir
 
 
@@ -62,7 +63,23 @@ def _describe(value: Any) -> str:
 def _tree(config: Mapping[str, Any] | str | Path) -> tuple[dict, str]:
     if isinstance(config, Mapping):
         return copy.deepcopy(dict(config)), "<dict>"
-    return read_tree(config), str(config)
+    if isinstance(config, str | os.PathLike):
+        return read_tree(config), str(config)
+    raise ConfigError(
+        f"config= must be a dict or the path of a TOML file, got {type(config).__name__}: {config!r:.60}"
+    )
+
+
+def _path(value: Any, name: str) -> Path | None:
+    if value is None or isinstance(value, str | os.PathLike):
+        return None if value is None else Path(value)
+    raise ConfigError(f"{name}= must be a path (str or pathlib.Path), got {type(value).__name__}")
+
+
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}= must be True or False, got {type(value).__name__}: {value!r:.60}")
+    return value
 
 
 def _place(tree: dict, source: str, objects: UserObjects) -> dict:
@@ -96,6 +113,9 @@ def _objects(model, data, loss, metrics) -> UserObjects:
         raise ConfigError(f"model= must be a torch.nn.Module, got {type(model).__name__}")
     if loss is not None and not callable(loss):
         raise ConfigError(f"loss= must be a function (outputs, targets) -> loss, got {type(loss).__name__}")
+    if metrics is not None and not isinstance(metrics, Mapping):
+        raise ConfigError(f"metrics= must be a dict of name -> function, got {type(metrics).__name__}")
+    check_metric_names(metrics or {})
     for name, metric in (metrics or {}).items():
         if not callable(metric):
             raise ConfigError(f"metrics[{name!r}] must be a function (outputs, targets) -> values")
@@ -123,6 +143,9 @@ def run(
     a terminal or a notebook, not when the output goes to a file; False silences it.
     """
     objects = _objects(model, data, loss, metrics)
+    out = _path(out, "out")
+    overwrite, report = (_flag(v, n) for v, n in ((overwrite, "overwrite"), (report, "report")))
+    progress = show_progress() if progress is None else _flag(progress, "progress")
     tree, source = _tree(config)
     given = _any(objects)
     if given:
@@ -132,7 +155,6 @@ def run(
         raise ConfigError(f"model=, data= and loss= apply to federated runs, not to type = '{parsed.type}'")
     out = Path(out or Path("runs") / parsed.name)
     options = {"objects": objects} if given else {}
-    progress = show_progress() if progress is None else progress
     rundir = types.start(parsed, out, report=report, overwrite=overwrite, progress=progress, **options)
     return Result(rundir.path, objects)
 
@@ -145,12 +167,19 @@ def resume(
     metrics: Mapping[str, Callable] | None = None,
     progress: bool | None = None,
     report: bool = True,
+    trust_code: bool = False,
 ) -> Result:
-    """Continue a run from its last checkpoint; runs given Python objects need them again."""
+    """Continue a run from its last checkpoint; runs given Python objects need them again. Code the
+    run's config names (model.factory ...) is imported only if your taciturn wrote the folder on this
+    machine, or with ``trust_code=True`` (read that code first), as Hugging Face's trust_remote_code."""
     objects = _objects(model, data, loss, metrics)
     options = {"objects": objects} if _any(objects) else {}
-    progress = show_progress() if progress is None else progress
-    rundir = types.resume(Path(run_dir), report=report, progress=progress, **options)
+    path = _path(run_dir, "run_dir")
+    if path is None:
+        raise ConfigError("run_dir= is the run directory to resume")
+    progress = show_progress() if progress is None else _flag(progress, "progress")
+    flags = {n: _flag(v, n) for n, v in (("report", report), ("trust_code", trust_code))}
+    rundir = types.resume(path, progress=progress, **flags, **options)
     return Result(rundir.path, objects)
 
 
@@ -162,8 +191,10 @@ def export(
     model: nn.Module | None = None,
     overwrite: bool = False,
     best: bool = False,
+    trust_code: bool = False,
 ) -> Path:
     """Write the run's global model (of its last checkpoint, of ``round``, or with ``best`` the best
     one kept): a safetensors state_dict for ``model.load_state_dict``, or a Hugging Face
-    ``save_pretrained`` folder ("hf")."""
-    return _export(run_dir, out, format, round, model, overwrite, best)
+    ``save_pretrained`` folder ("hf"); ``trust_code`` as for ``resume`` (only "hf" builds the model)."""
+    flags = [_flag(v, n) for v, n in ((overwrite, "overwrite"), (best, "best"), (trust_code, "trust_code"))]
+    return _export(run_dir, out, format, round, model, *flags)

@@ -67,7 +67,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     from taciturn.experiments import types
 
-    _print_summary(types.resume(Path(args.run), progress=not args.quiet))
+    _print_summary(types.resume(Path(args.run), progress=not args.quiet, trust_code=args.trust_code))
     return 0
 
 
@@ -81,6 +81,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         args.round,
         overwrite=args.overwrite,
         best=args.best,
+        trust_code=args.trust_code,
     )
     console.print(f"exported: [bold]{path}[/]")
     return 0
@@ -175,7 +176,7 @@ def _print_summary(rundir) -> None:
 
     if line := types.headline(rundir):
         console.print(f"[bold green]done[/]: {line}")
-    if rundir.report.exists():
+    if rundir.has(rundir.report):
         console.print(f"report: [bold]{rundir.report}[/]")
 
 
@@ -192,6 +193,12 @@ Your own model and data: model.factory = "package.module:function" in the config
 taciturn.run(config, model=..., data=...) from Python (docs/guide.md)."""
 
 
+TRUST_HELP = (
+    "import the code the run's config names (model.factory, data.factory, a loss) even though the "
+    "folder was not written by your taciturn on this machine (received, or edited): read that code first"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from taciturn import __version__
 
@@ -205,7 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("config", type=Path)
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     run.add_argument("--out", help="run directory (default: runs/<name>)")
-    run.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
+    run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing run: delete the files its manifest.json lists (nothing else)",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument(
         "--no-report",
@@ -223,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="continue a run from its last checkpoint")
     resume.add_argument("run")
     resume.add_argument("--quiet", action="store_true")
+    resume.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
     resume.set_defaults(func=cmd_resume)
 
     export = sub.add_parser(
@@ -241,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--best", action="store_true", help="the best model ([checkpoint] best) instead of the last"
     )
     export.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    export.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
     export.set_defaults(func=cmd_export)
 
     report = sub.add_parser("report", help="rebuild plots and report.html of run directories")

@@ -64,6 +64,8 @@ def decode(data: bytes) -> Message:
         header = json.loads(bytes(data[8 : 8 + header_len]))
     except ValueError as error:
         raise CodecError(f"cannot decode message: the header is not JSON ({error})") from None
+    except RecursionError:  # a header nested deeper than the parser's stack (sent by a hostile node)
+        raise CodecError("cannot decode message: the header nests too deeply") from None
     if not isinstance(header, dict):
         raise CodecError("cannot decode message: the header is not a JSON object")
     meta_text = header.get("__metadata__", {})

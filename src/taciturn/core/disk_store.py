@@ -6,14 +6,14 @@ page cache rather than in the process's resident memory: 10,000 SCAFFOLD clients
 RAM. Different clients never share bytes, so worker processes can use one store concurrently; a
 presence byte per client (at the head of the file) says who has state. Untouched slots are holes
 in a sparse file. A store starts empty: a file an earlier run left in the folder is truncated, not
-read (resuming writes the checkpoint's clients back, ``load``).
+read (resuming writes the checkpoint's clients back, ``load``). Its files are opened through
+core/folder.py: a link in their place is an error, never a file elsewhere truncated.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from taciturn.core.folder import Folder, as_folder
 from taciturn.core.state_store import ClientState, ClientStateStore
 
 _COPY_CHUNK = 64 * 1024 * 1024
@@ -38,23 +39,26 @@ class Field:
 class DiskStateStore(ClientStateStore):
     shared = True
 
-    def __init__(self, path: Path, num_clients: int):
+    def __init__(self, path: Path, num_clients: int, folder: Folder | None = None):
+        """``folder``: the folder ``path`` is in, when the caller holds it (a run's, whose manifest
+        then lists the files before they exist); else the folder named by ``path``'s parent."""
         self.path = Path(path)
         self.layout_path = self.path.with_suffix(".layout.json")
         self.num_clients = num_clients
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.layout_path.unlink(missing_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.folder = folder if folder is not None else as_folder(self.path.parent)
+        self.name, self.layout_name = self.path.name, self.layout_path.name
+        self.folder.unlink(self.layout_name)
+        self._fd = self.folder.open_fd(self.name, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
         self._fields: list[Field] | None = None
         self._slot = 0
 
     # ----- layout -----
     def _layout(self) -> list[Field] | None:
-        if self._fields is None and self.layout_path.exists():  # written by another process
+        if self._fields is None and self.folder.exists(self.layout_name):  # written by another process
             self._set_layout(
                 [
                     Field(f["name"], f["dtype"], tuple(f["shape"]), f["offset"], f["nbytes"])
-                    for f in json.loads(self.layout_path.read_text())
+                    for f in json.loads(self.folder.read_text(self.layout_name))
                 ]
             )
         return self._fields
@@ -69,9 +73,10 @@ class DiskStateStore(ClientStateStore):
             array = state[name].detach().cpu().numpy()
             fields.append(Field(name, array.dtype.str, tuple(array.shape), offset, array.nbytes))
             offset += array.nbytes
-        tmp = self.layout_path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps([vars(f) for f in fields]))
-        os.replace(tmp, self.layout_path)
+        tmp = f"{self.layout_name}.{os.getpid()}.tmp"
+        with Folder(self.folder.path, self.folder.fd) as here:  # no owner: a worker process may write it
+            here.write_text(tmp, json.dumps([vars(f) for f in fields]))
+            here.rename(tmp, self.layout_name)
         self._set_layout(fields)
 
     def _offset(self, client: int) -> int:
@@ -123,26 +128,28 @@ class DiskStateStore(ClientStateStore):
         return iter(int(c) for c in np.flatnonzero(presence))
 
     # ----- checkpoints: the layout, the presence bytes and the present slots, streamed -----
-    def save(self, folder: Path) -> None:
-        target = folder / "clients"
-        target.mkdir(parents=True, exist_ok=True)
+    def save(self, folder: Folder | Path) -> None:
+        target = as_folder(folder)
+        target.mkdir("clients")
         present = np.fromiter(self.clients(), dtype=np.int64)
-        np.save(target / "present.npy", present, allow_pickle=False)
+        with target.open("clients/present.npy", "wb") as out:
+            np.save(out, present, allow_pickle=False)
         if self._layout() is not None:
-            shutil.copyfile(self.layout_path, target / "layout.json")
-        with (target / "slots.bin").open("wb") as out:
+            target.write_bytes("clients/layout.json", self.folder.read_bytes(self.layout_name))
+        with target.open("clients/slots.bin", "wb") as out:
             for client in present:
                 out.write(os.pread(self._fd, self._slot, self._offset(int(client))))
 
-    def load(self, folder: Path) -> None:
-        source = folder / "clients"
+    def load(self, folder: Folder | Path) -> None:
+        source = as_folder(folder)
         os.ftruncate(self._fd, 0)  # forget everything, then write the checkpoint's clients back
-        present = np.load(source / "present.npy", allow_pickle=False)
-        if (source / "layout.json").exists():
-            shutil.copyfile(source / "layout.json", self.layout_path)
+        with source.open("clients/present.npy", "rb") as f:
+            present = np.load(f, allow_pickle=False)
+        if source.exists("clients/layout.json"):
+            self.folder.write_bytes(self.layout_name, source.read_bytes("clients/layout.json"))
             self._fields = None
             self._layout()
-        with (source / "slots.bin").open("rb") as slots:
+        with source.open("clients/slots.bin", "rb") as slots:
             for client in present:
                 os.pwrite(self._fd, slots.read(self._slot), self._offset(int(client)))
                 os.pwrite(self._fd, b"\x01", int(client))

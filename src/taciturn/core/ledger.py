@@ -8,7 +8,7 @@ metadata), which may carry no payload at all (a training request with no model, 
 ``wire_bytes`` counts those, so framing overhead is measured (0 in simulation: no wire).
 The ledger keeps one row per (round, client, direction) that saw traffic, so its size grows with
 the traffic, not with the number of clients. A private run writes one row per (round, direction)
-instead, client ``all`` (``append_csv(by_client=False)``): which clients took part is what
+instead, client ``all`` (``write_csv(by_client=False)``): which clients took part is what
 amplification by sampling assumes hidden, and a file naming them per round would give it away.
 """
 
@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 
 class Direction(enum.Enum):
@@ -95,10 +96,10 @@ class Ledger:
             if wanted is None or r in wanted
         ]
 
-    def append_csv(self, path: Path, round: int, by_client: bool = True) -> None:
-        """Append one round's rows to a CSV file (written round by round as the run goes);
-        ``by_client=False``: one row per direction, summed over the round's clients."""
-        new = not path.exists()
+    def write_csv(self, out: TextIO, round: int, header: bool = False, by_client: bool = True) -> None:
+        """Write one round's rows as CSV to ``out`` (a run's ledger.csv, appended round by round as
+        the run goes; report/rundir.py opens it), then forget them; ``by_client=False``: one row per
+        direction, summed over the round's clients."""
         rows = self.rows([round])
         if not by_client:
             rows = [
@@ -106,11 +107,10 @@ class Ledger:
                 for d in Direction
                 if any(row["direction"] == d.value for row in rows)
             ]
-        with path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS)
-            if new:
-                writer.writeheader()
-            writer.writerows(rows)
+        writer = csv.DictWriter(out, fieldnames=COLUMNS)
+        if header:
+            writer.writeheader()
+        writer.writerows(rows)
         self.forget_before(round + 1)
 
     def forget_before(self, round: int) -> None:
@@ -119,17 +119,22 @@ class Ledger:
             del self._rows[key]
 
     @classmethod
-    def from_csv(cls, path: Path, up_to_round: int | None = None) -> Ledger:
-        """Rebuild the cumulative totals from a ledger file, e.g. to resume a run."""
+    def read_csv(cls, rows: TextIO, up_to_round: int | None = None) -> Ledger:
+        """Rebuild the cumulative totals from a ledger file's text, e.g. to resume a run."""
         ledger = cls()
-        if not path.exists():
-            return ledger
-        with path.open(newline="") as f:
-            for row in csv.DictReader(f):
-                r = int(row["round"])
-                if up_to_round is not None and r > up_to_round:
-                    continue
-                entry = ledger._totals[Direction(row["direction"])]
-                for k in COLUMNS[3:]:  # ledgers written before wire_bytes existed lack it
-                    setattr(entry, k, getattr(entry, k) + int(row.get(k) or 0))
+        for row in csv.DictReader(rows):
+            r = int(row["round"])
+            if up_to_round is not None and r > up_to_round:
+                continue
+            entry = ledger._totals[Direction(row["direction"])]
+            for k in COLUMNS[3:]:  # ledgers written before wire_bytes existed lack it
+                setattr(entry, k, getattr(entry, k) + int(row.get(k) or 0))
         return ledger
+
+    @classmethod
+    def from_csv(cls, path: Path, up_to_round: int | None = None) -> Ledger:
+        """``read_csv`` of a ledger file outside a run folder (a run's: RunDir.read_ledger)."""
+        if not path.exists():
+            return cls()
+        with path.open(newline="") as f:
+            return cls.read_csv(f, up_to_round)

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from taciturn.core.codec import decode, encode
+from taciturn.core.folder import Folder, as_folder
 from taciturn.core.message import Message
 
 ClientState = dict[str, torch.Tensor]
@@ -35,11 +36,11 @@ class ClientStateStore(ABC):
         """Ids of clients with stored state."""
 
     @abstractmethod
-    def save(self, folder: Path) -> None:
-        """Write every client's state into ``folder`` (a checkpoint)."""
+    def save(self, folder: Folder | Path) -> None:
+        """Write every client's state into ``folder`` (a checkpoint; core/folder.py: no links)."""
 
     @abstractmethod
-    def load(self, folder: Path) -> None:
+    def load(self, folder: Folder | Path) -> None:
         """Replace the contents with a checkpoint written by ``save``."""
 
 
@@ -58,12 +59,12 @@ class MemoryStateStore(ClientStateStore):
     def clients(self) -> Iterator[int]:
         return iter(sorted(self._states))
 
-    def save(self, folder: Path) -> None:
+    def save(self, folder: Folder | Path) -> None:
         """One safetensors file with ``<client>/<name>`` keys."""
-        (folder / self.FILE).write_bytes(encode_states({c: self._states[c] for c in self.clients()}))
+        as_folder(folder).write_bytes(self.FILE, encode_states({c: self._states[c] for c in self.clients()}))
 
-    def load(self, folder: Path) -> None:
-        self._states = decode_states((folder / self.FILE).read_bytes())
+    def load(self, folder: Folder | Path) -> None:
+        self._states = decode_states(as_folder(folder).read_bytes(self.FILE))
 
 
 def encode_states(states: Mapping[int, ClientState]) -> bytes:

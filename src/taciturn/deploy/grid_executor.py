@@ -114,7 +114,7 @@ class GridExecutor(Executor):
                 continue
             try:
                 sizes = protocol.read_query_reply(reply.content)
-            except CodecError as error:
+            except Exception as error:  # whatever a node's bytes make fail is that node's failure
                 log.warning("node %d: malformed query reply: %s", reply.metadata.src_node_id, error)
                 continue
             node, clients = reply.metadata.src_node_id, list(sizes)
@@ -236,7 +236,7 @@ class GridExecutor(Executor):
                 if (answer.round, answer.client) != (round, client):
                     raise CodecError(f"reply for client {answer.client} in round {answer.round}")
                 uplink = protocol.message_of(answer.payload)
-            except CodecError as error:
+            except Exception as error:  # any decode failure (not only CodecError) is this node's failure
                 part.rejected.append((client, f"malformed reply: {error}"))
                 continue
             if uplink is None:  # the client stayed silent: its state takes effect (engine/pipeline.py)

@@ -41,7 +41,8 @@ def run_deployed(grid: Grid, settings: ServerSettings, progress: bool = False) -
             f"{settings.out} holds a run of another config than this run's taciturn-config; resume it "
             "with the config it was started with"
         )
-    return types.resume(settings.out, progress=progress, remote=remote)
+    # the config was just checked to be the app's own (the operator's), so its code may run
+    return types.resume(settings.out, progress=progress, remote=remote, trust_code=True)
 
 
 @app.main()

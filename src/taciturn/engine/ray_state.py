@@ -33,6 +33,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from taciturn.core.disk_store import DiskStateStore
 from taciturn.core.errors import TaciturnError
+from taciturn.core.folder import Folder
 from taciturn.core.state_store import (
     ClientState,
     ClientStateStore,
@@ -104,6 +105,11 @@ class Keeper:
         self.store.load(Path(folder))
 
 
+def _where(folder: Folder | Path) -> str:
+    """The checkpoint folder's path for the keeper (another process, on this machine)."""
+    return str((folder.path if isinstance(folder, Folder) else Path(folder)).resolve())
+
+
 class RayStateStore(ClientStateStore):
     """The driver's handle on the keeper: what the runner checkpoints and resumes. Checkpoints keep
     the wrapped store's format, written by the keeper on the driver's machine."""
@@ -123,11 +129,11 @@ class RayStateStore(ClientStateStore):
     def clients(self) -> Iterator[int]:
         return iter(ask(self.keeper.clients.remote()))
 
-    def save(self, folder: Path) -> None:
-        ask(self.keeper.save.remote(str(Path(folder).resolve())))
+    def save(self, folder: Folder | Path) -> None:
+        ask(self.keeper.save.remote(_where(folder)))
 
-    def load(self, folder: Path) -> None:
-        ask(self.keeper.load.remote(str(Path(folder).resolve())))
+    def load(self, folder: Folder | Path) -> None:
+        ask(self.keeper.load.remote(_where(folder)))
 
     def close(self) -> None:
         ray.kill(self.keeper)

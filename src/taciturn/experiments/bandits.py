@@ -39,11 +39,12 @@ from taciturn.bandits.linucb import Confidence
 from taciturn.bandits.rules import Bass, Club, DynUcb, Independent, Oracle, Pooled, Sclub, SharingRule
 from taciturn.bandits.simulation import Problem, Simulation
 from taciturn.core.codec import encode
+from taciturn.core.folder import Folder
 from taciturn.core.message import Message
 from taciturn.core.rng import SERVER, Streams
-from taciturn.experiments import checkpoint
+from taciturn.experiments import checkpoint, memory
 from taciturn.experiments.bandits_config import BanditsConfig, RatingsEnvironment, UnclusteredEnvironment
-from taciturn.experiments.config import ConfigError, read_tree, to_toml, validate
+from taciturn.experiments.config import ConfigError, load_run_config, to_toml
 from taciturn.report.bandits import summary_rows
 from taciturn.report.rundir import RunDir
 
@@ -87,8 +88,27 @@ def rule(config: BanditsConfig, name: str, problem: Problem, confidence: Confide
     return {"independent": Independent, "pooled": Pooled}[name](reps, agents)
 
 
+def check_memory(config: BanditsConfig) -> None:
+    """What the simulations hold, before any is built: per method the agents' Gram matrices, their
+    inverses and their pools (repetitions x agents x dim x dim, float64) and who shares with whom
+    (agents x agents); per repetition the arms' features and rewards, the clusters' parameters, the
+    schedule and the noise."""
+    env, reps = config.environment, config.repetitions
+    agents, arms, dim = env.num_agents, env.num_arms, env.dim
+    clusters = getattr(env, "num_clusters", 0)  # one parameter drawn per cluster, empty ones too
+    per_method = reps * (3 * 8 * agents * dim * dim + agents * agents)
+    shared = reps * (8 * agents * arms * (dim + 1) + 8 * clusters * dim + 16 * config.horizon)
+    memory.check_fits(
+        f"bandits: {len(config.methods)} methods x {reps} repetitions of {agents:,} agents, {arms:,} arms "
+        f"in dimension {dim:,}, {config.horizon:,} steps",
+        len(config.methods) * per_method + shared,
+        "use fewer agents, arms, dimensions, repetitions or steps",
+    )
+
+
 def build(config: BanditsConfig) -> dict[str, Simulation]:
     """One simulation per method, all on the same environments, schedules and noise."""
+    check_memory(config)
     environments = [environment(config, seed) for seed in config.seeds]
     problem = Problem.build(environments, config.seeds, config.horizon)
     c = config.linucb
@@ -111,10 +131,6 @@ def build(config: BanditsConfig) -> dict[str, Simulation]:
     }
 
 
-def load_config(path: Path) -> BanditsConfig:
-    return validate(read_tree(path), str(path), BanditsConfig)
-
-
 def start(
     config: BanditsConfig,
     out: Path,
@@ -127,10 +143,12 @@ def start(
         rundir.check_free(overwrite)
         try:
             simulations = build(config)  # everything that can fail on the config or the data fails here
+        except ConfigError:
+            raise
         except (ratings.RatingsNotFound, ValueError) as error:
             raise ConfigError(f"[environment] {error}") from None
-        rundir.reset(to_toml(config))
-        with rundir.ledger.open("w", newline="") as f:
+        rundir.reset(config, to_toml(config))
+        with rundir.fs.open(rundir.rel(rundir.ledger), "w", newline="") as f:
             csv.writer(f).writerow(LEDGER_COLUMNS)
         wall = dict.fromkeys(simulations, 0.0)
         _write_records(rundir, 0, simulations, wall)
@@ -141,7 +159,7 @@ def resume(path: Path, progress: bool = True, callbacks: tuple[RecordCallback, .
     """Continue from the last checkpoint; the run ends with the numbers of an uninterrupted one."""
     rundir = RunDir(path).require()
     with rundir.lock():
-        config = load_config(rundir.config)
+        config = load_run_config(rundir, BanditsConfig)
         latest = rundir.latest_checkpoint()
         if latest is None:
             return start(config, path, overwrite=True, progress=progress, callbacks=callbacks)
@@ -169,8 +187,7 @@ def resume(path: Path, progress: bool = True, callbacks: tuple[RecordCallback, .
 
 
 def _loop(config, rundir, simulations, done, wall, progress, callbacks) -> RunDir:
-    handler = logging.FileHandler(rundir.log)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler = rundir.log_handler()
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.info(
@@ -208,6 +225,7 @@ def _loop(config, rundir, simulations, done, wall, progress, callbacks) -> RunDi
                 bar.update(task, completed=rows[0]["t"], regret=f"regret: {regret}")
                 for callback in callbacks:
                     callback(index, rows)
+        rundir.finished()
     finally:
         log.removeHandler(handler)
         handler.close()
@@ -220,7 +238,7 @@ def _write_records(
     rundir: RunDir, index: int, simulations: dict[str, Simulation], wall: dict[str, float]
 ) -> list[dict]:
     rows = []
-    with rundir.ledger.open("a", newline="") as f:
+    with rundir.fs.open(rundir.rel(rundir.ledger), "a", newline="") as f:
         writer = csv.writer(f)
         for name, simulation in simulations.items():
             record, ledger_rows = simulation.record()
@@ -229,7 +247,7 @@ def _write_records(
                 for r in block:
                     writer.writerow([index, name, rep, r["client"], r["direction"], *(r[f] for f in FIELDS)])
     for row in rows:
-        RunDir.append_jsonl(rundir.metrics, row)
+        rundir.append_jsonl(rundir.metrics, row)
     return rows
 
 
@@ -238,9 +256,9 @@ def _save_checkpoint(
 ) -> None:
     arrays = {f"{name}/{k}": np.asarray(v) for name, s in simulations.items() for k, v in s.state().items()}
 
-    def write(tmp: Path) -> None:
-        (tmp / "state.safetensors").write_bytes(encode(Message(arrays=arrays)))
-        (tmp / "progress.json").write_text(json.dumps({"round": index, "wall_s": wall}, indent=1))
+    def write(tmp: Folder) -> None:
+        tmp.write_bytes("state.safetensors", encode(Message(arrays=arrays)))
+        tmp.write_text("progress.json", json.dumps({"round": index, "wall_s": wall}, indent=1))
 
     checkpoint.commit(rundir.checkpoint_dir(index), write, rundir)
 

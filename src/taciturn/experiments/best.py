@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from taciturn.core.codec import decode, encode
+from taciturn.core.folder import Folder
 from taciturn.core.message import Message
 from taciturn.core.params import Params
 from taciturn.experiments import checkpoint
-from taciturn.report.rundir import RunDir, RunDirError
+from taciturn.report.rundir import BEST_RECORD, RunDir, RunDirError
 
-BEST = "best"  # the folder under the run directory
+BEST = "best"  # the folder under the run directory (BEST_RECORD: its best.json)
 LOWER = ("loss", "error", "mae", "mse", "rmse", "epsilon", "perplexity")
 HIGHER = ("accuracy", "rouge", "f1", "auc", "precision", "recall", "score")
 
@@ -86,11 +87,13 @@ class BestModel:
         record = {"round": row["round"], "metric": self.metric, "mode": self.mode, "value": value}
         weights = Message.from_tensors({k: v.detach().cpu().contiguous() for k, v in params.items()})
 
-        def write(tmp: Path) -> None:
-            (tmp / "model.safetensors").write_bytes(encode(weights))
-            (tmp / "best.json").write_text(json.dumps(record))
+        def write(tmp: Folder) -> None:
+            tmp.write_bytes("model.safetensors", encode(weights))
+            tmp.write_text("best.json", json.dumps(record))
 
-        checkpoint.commit(self.rundir.path / BEST, write)
+        # through the run's folder and manifest, as a checkpoint: no link followed, --overwrite and
+        # reset delete it as taciturn's own (unless changed since)
+        checkpoint.commit(self.rundir.path / BEST, write, self.rundir, rows=False)
 
 
 class EarlyStop:
@@ -122,11 +125,16 @@ class EarlyStop:
 
 def read_best(path: Path | str) -> tuple[dict[str, Any], Params]:
     """The kept best model of a run: its record (round, metric, mode, value) and its parameters."""
-    folder = Path(path) / BEST
-    if not (folder / "best.json").is_file():
+    rundir = RunDir(path)
+    if not rundir.has(BEST_RECORD):  # a link there is an error naming it
         raise RunDirError(
             f"{path} keeps no best model: run it with [checkpoint] best = '<metric>' (e.g. 'accuracy')"
         )
-    checkpoint.verify(folder)
-    record = json.loads((folder / "best.json").read_text())
-    return record, decode((folder / "model.safetensors").read_bytes()).tensors()
+    checkpoint.verify(rundir.path / BEST, rundir.path)
+    try:
+        record = json.loads(rundir.read_text(BEST_RECORD))
+    except ValueError as error:
+        raise RunDirError(f"{rundir.path / BEST_RECORD} is not valid JSON ({error})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("round"), int):
+        raise RunDirError(f"{rundir.path / BEST_RECORD} has no integer round; it is damaged")
+    return record, decode(rundir.read_bytes(f"{BEST}/model.safetensors")).tensors()

@@ -82,6 +82,15 @@ class SyntheticData(StrictModel):
     num_classes: int = Field(4, ge=2)
     separation: float = Field(2.0, gt=0, le=1e6)
 
+    @model_validator(mode="after")
+    def _classes_have_samples(self) -> SyntheticData:
+        if self.num_classes > self.num_samples:
+            raise ValueError(
+                f"num_classes = {self.num_classes:,} is more than num_samples = {self.num_samples:,}: most "
+                "classes would have no sample; use fewer classes or more samples"
+            )
+        return self
+
 
 class InstructionData(StrictModel):
     """Instruction-tuning data for causal language models (data/instructions.py)."""
@@ -816,6 +825,36 @@ def read_tree(path: Path | str, overrides: list[str] = ()) -> dict:
 
 def load_config(path: Path | str, overrides: list[str] = ()) -> RunConfig:
     return validate(read_tree(path, overrides), str(path))
+
+
+def run_tree(rundir: Any) -> dict:
+    """The config tree of the run in ``rundir`` (report/rundir.py), read without following links; an
+    empty or unparsable config.toml is an error naming it (a run is never continued from defaults)."""
+    where = rundir.config
+    text = rundir.read_text(where)
+    if not text.strip():
+        raise ConfigError(
+            f"{where} is empty (the disk may have been full when the run started); restore the run's "
+            "config: taciturn never continues a run from the default config"
+        )
+    try:
+        tree = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{where} is not valid TOML: {error}") from None
+    if not {"type", "name", "seed"} <= tree.keys():
+        raise ConfigError(
+            f"{where} is not a resolved config (taciturn writes type, name and seed into every run's "
+            "config.toml): it was edited or replaced; restore it"
+        )
+    return tree
+
+
+def load_run_config(rundir: Any, root: type[BaseModel] = RunConfig) -> Any:
+    """The config of the run in ``rundir``, validated and checked against the digest run.json keeps:
+    a config.toml that is not the one the run started with is an error naming it."""
+    config = validate(run_tree(rundir), str(rundir.config), root)
+    rundir.check_config(config)
+    return config
 
 
 def to_toml(config: BaseModel) -> str:

@@ -29,6 +29,7 @@ from taciturn.engine.vectorized import VectorizedExecutor
 from taciturn.experiments.config import ConfigError, RunConfig
 from taciturn.privacy.gaussian import GaussianSum, LocalGaussian, expected_clients
 from taciturn.privacy.noise import GaussianNoise
+from taciturn.report.rundir import RunDir
 from taciturn.secagg.quantize import levels
 from taciturn.server.aggregation import ServerAggregation, build_chain
 from taciturn.server.clipping import NormBound
@@ -152,11 +153,15 @@ def build_store(
 ) -> ClientStateStore:
     wanted = store_kind(config, algorithm, picked, num_clients)
     path = Path(out) / "client_state.bin" if wanted == "disk" else None
+    rundir, folder = RunDir(out), None
+    if path is not None and rundir.held():  # the run's manifest lists the store's files first
+        rundir.claim(path.name, path.with_suffix(".layout.json").name)
+        folder = rundir.fs
     if picked.executor == "ray" and algorithm.keeps_client_state:
         from taciturn.engine.ray_state import RayStateStore
 
         return RayStateStore(None if path is None else path.resolve(), num_clients)
-    return MemoryStateStore() if path is None else DiskStateStore(path, num_clients)
+    return MemoryStateStore() if path is None else DiskStateStore(path, num_clients, folder)
 
 
 def build_federation(

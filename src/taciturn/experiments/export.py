@@ -9,7 +9,6 @@ values, and the second names of tied parameters, so that the exported state_dict
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +16,12 @@ import torch
 from torch import nn
 
 from taciturn.algorithms import build_algorithm
+from taciturn.core.folder import as_folder
 from taciturn.core.params import Params
 from taciturn.core.rng import Streams
-from taciturn.experiments import checkpoint
+from taciturn.experiments import checkpoint, plugins
 from taciturn.experiments.best import read_best
-from taciturn.experiments.config import ConfigError, RunConfig, load_config
+from taciturn.experiments.config import ConfigError, RunConfig, load_run_config
 from taciturn.report.rundir import RunDir, RunDirError
 from taciturn.tasks.hf import WRAPPED, TokenModel
 
@@ -79,7 +79,7 @@ def _checkpoint(rundir: RunDir, round: int | None) -> tuple[int, Path]:
 
 
 def _federated_config(rundir: RunDir) -> RunConfig:
-    config = load_config(rundir.require().config)
+    config = load_run_config(rundir.require(), RunConfig)
     if config.model.kind == "causal_lm":
         raise ConfigError("[model.kind] causal_lm runs cannot be exported yet")
     return config
@@ -100,7 +100,7 @@ def state_dict(path: Path | str, round: int | None = None, best: bool = False) -
         algorithm = build_algorithm(config.algorithm)
         algorithm.use_streams(Streams(config.seed))
         params = algorithm.global_params(checkpoint.load_server(folder, algorithm))
-    record = json.loads(rundir.info.read_text()).get("model", {}) if rundir.info.exists() else {}
+    record = rundir.read_info().get("model", {})
     fixed = {
         name: torch.tensor(b["value"], dtype=getattr(torch, b["dtype"]))
         for name, b in record.get("fixed_buffers", {}).items()
@@ -115,14 +115,23 @@ def state_dict(path: Path | str, round: int | None = None, best: bool = False) -
 
 
 def load_model(
-    path: Path | str, model: nn.Module | None = None, round: int | None = None, best: bool = False
+    path: Path | str,
+    model: nn.Module | None = None,
+    round: int | None = None,
+    best: bool = False,
+    trust_code: bool = False,
 ) -> nn.Module:
     """The trained global model (or the best one kept): a copy of ``model`` (the user's own, for runs
     given a Python object) with the run's weights, or the model the config builds (built-in kinds,
-    model.factory)."""
+    model.factory: imported only if this user's taciturn wrote the run, or ``trust_code``)."""
     rundir = RunDir(path)
     config = _federated_config(rundir)
-    model = build_model_of(config, rundir) if model is None else copy.deepcopy(model)
+    if model is None:
+        tree = config.model_dump(mode="json")
+        with plugins.trusted(rundir, tree, trust_code, "export it"):
+            model = build_model_of(config, rundir)
+    else:
+        model = copy.deepcopy(model)
     _, weights = state_dict(path, round, best)
     model.load_state_dict(weights)
     return model.eval()
@@ -144,7 +153,7 @@ def build_model_of(config: RunConfig, rundir: RunDir) -> nn.Module:
         from taciturn.tasks.hf import sequence_classifier
 
         return sequence_classifier(config.model.name_or_path).model
-    record = json.loads(rundir.info.read_text()).get("model") if rundir.info.exists() else None
+    record = rundir.read_info().get("model")
     if not record:
         raise ConfigError(
             f"{rundir.path}/run.json does not record the model's shape (a run from an older taciturn)"
@@ -161,26 +170,32 @@ def export(
     model: nn.Module | None = None,
     overwrite: bool = False,
     best: bool = False,
+    trust_code: bool = False,
 ) -> Path:
     """Write the run's global model (``best``: the best one kept) to ``out``: a .safetensors
     state_dict, or (format "hf") a Hugging Face ``save_pretrained`` folder. An existing file is
-    replaced only with ``overwrite``."""
+    replaced only with ``overwrite``, a link never. A state_dict needs no code; the "hf" format
+    builds the model, which imports a model.factory only if this user's taciturn wrote the run, or
+    with ``trust_code``."""
     out = Path(out)
     if format not in FORMATS:
         raise ConfigError(f"--format {format!r}: choose one of {', '.join(FORMATS)}")
+    if out.is_symlink():
+        raise RunDirError(
+            f"{out} is a symbolic link; taciturn does not write through links: choose another --out"
+        )
     if out.exists() and not (overwrite and (out.is_file() or format == "hf")):
         raise RunDirError(f"{out} exists; choose another --out, or pass --overwrite to replace it")
     if format == "hf":
-        trained = load_model(path, model, round, best)
+        trained = load_model(path, model, round, best, trust_code)
         if not hasattr(trained, "save_pretrained"):
             raise ConfigError(
                 f"--format hf needs a Hugging Face model; this run's is a {type(trained).__name__}"
             )
         trained.save_pretrained(out)
         return out
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     _, weights = state_dict(path, round, best)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_file(weights, str(out))
+    as_folder(out.parent).write_bytes(out.name, save(weights), sync=True)
     return out

@@ -25,15 +25,14 @@ from taciturn.core.codec import decode, encode
 from taciturn.core.ledger import Direction, Ledger
 from taciturn.core.rng import SERVER, Streams
 from taciturn.core.state_store import MemoryStateStore
-from taciturn.experiments import checkpoint
+from taciturn.experiments import checkpoint, memory
 from taciturn.experiments.config import (
     ChannelConfig,
     CheckpointConfig,
     ConfigError,
     RunName,
-    read_tree,
+    load_run_config,
     to_toml,
-    validate,
 )
 from taciturn.experiments.progress import human_bytes
 from taciturn.report.fedq import MDP_FILE, summary, write_fedq_comparison
@@ -110,6 +109,11 @@ class Experiment:
 def build_mdp(config: FedQRunConfig) -> TabularMDP:
     spec = config.mdp
     if spec.kind == "random":
+        # the transitions P_h(.|x, a): H x S x A x S float64 (and their Dirichlet draw), checked first
+        H, S, A = spec.horizon, spec.states, spec.actions
+        memory.check_fits(
+            f"[mdp] a random MDP of (H, S, A) = ({H}, {S}, {A})", 16 * H * S * A * S, "use a smaller one"
+        )
         rng = Streams(spec.seed).numpy(0, SERVER, "mdp")
         return random_mdp(spec.states, spec.actions, spec.horizon, rng)
     if not spec.path.is_file():
@@ -121,6 +125,14 @@ def build_mdp(config: FedQRunConfig) -> TabularMDP:
 
 
 def prepare(config: FedQRunConfig, out: Path, mdp: TabularMDP, ledger: Ledger | None = None) -> Experiment:
+    H, S, A, M = mdp.horizon, mdp.states, mdp.actions, config.agents
+    # FedQ's tables (H x S x A: Q, counts, and Bernstein's sums) and the agents' local statistics
+    # (M x H x S), float64 or int64
+    memory.check_fits(
+        f"FedQ with M = {M:,} agents on (H, S, A) = ({H}, {S}, {A})",
+        8 * (6 * H * S * A + 4 * M * H * S),
+        "use fewer agents or a smaller MDP",
+    )
     streams = Streams(config.seed)
     fedq = FedQ(
         mdp.horizon,
@@ -148,12 +160,12 @@ def start(
     with rundir.lock():
         rundir.check_free(overwrite)
         exp = prepare(config, out, build_mdp(config))  # a missing or malformed MDP file fails here
-        rundir.reset(to_toml(config))
-        (rundir.path / MDP_FILE).write_bytes(encode(exp.mdp.to_message()))
+        rundir.reset(config, to_toml(config))
+        rundir.write_bytes(MDP_FILE, encode(exp.mdp.to_message()))
         state = exp.fedq.init()
         counters = {"round": 0, "episodes": 0, "agent_episodes": 0, "regret": 0.0, "wall_s": 0.0}
         counters |= {"scalars_up": 0, "scalars_down": 0, "uploads_lost": 0}
-        RunDir.append_jsonl(rundir.metrics, _row(exp, counters, None, exp.federation.policy_gap(state)))
+        rundir.append_jsonl(rundir.metrics, _row(exp, counters, None, exp.federation.policy_gap(state)))
         return _loop(exp, state, counters, progress, callbacks)
 
 
@@ -161,7 +173,7 @@ def resume(path: Path, progress: bool = True, callbacks: tuple[RoundCallback, ..
     """Continue a FedQ run from its last checkpoint; it ends with the numbers of an uninterrupted run."""
     rundir = RunDir(path).require()
     with rundir.lock():
-        config = validate(read_tree(rundir.config), str(rundir.config), FedQRunConfig)
+        config = load_run_config(rundir, FedQRunConfig)
         latest = rundir.latest_checkpoint()
         if latest is None:
             log.info("no checkpoint in %s: starting it again from round 0", path)
@@ -169,10 +181,10 @@ def resume(path: Path, progress: bool = True, callbacks: tuple[RoundCallback, ..
         round, folder = latest
         rundir.truncate_to(checkpoint.verify(folder))  # the MDP file is pinned by the manifest
         try:
-            mdp = TabularMDP.from_message(checkpoint.load_message(rundir.path / MDP_FILE))
+            mdp = TabularMDP.from_message(decode(rundir.read_bytes(MDP_FILE)))
         except (ValueError, KeyError, TypeError) as error:
             raise checkpoint.CheckpointError(f"{rundir.path / MDP_FILE} is not an MDP ({error})") from None
-        exp = prepare(config, path, mdp, ledger=Ledger.from_csv(rundir.ledger, up_to_round=round))
+        exp = prepare(config, path, mdp, ledger=rundir.read_ledger(up_to_round=round))
         state, counters = checkpoint.load(folder, exp.fedq.init(), MemoryStateStore())
         return _loop(exp, state, counters, progress, callbacks)
 
@@ -213,8 +225,7 @@ def _loop(
     callbacks: tuple[RoundCallback, ...],
 ) -> RunDir:
     config, rundir = exp.config, exp.rundir
-    handler = logging.FileHandler(rundir.log)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler = rundir.log_handler()
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.info(
@@ -244,7 +255,7 @@ def _loop(
                 started = time.perf_counter()
                 state, record = exp.federation.run_round(state, round, config.episodes - counters["episodes"])
                 counters["wall_s"] += time.perf_counter() - started
-                exp.ledger.append_csv(rundir.ledger, round)
+                rundir.append_ledger(exp.ledger, round)
                 counters["round"] = round
                 counters["episodes"] += record.episodes
                 counters["agent_episodes"] += record.episodes * record.exploring
@@ -253,7 +264,7 @@ def _loop(
                 counters["scalars_down"] += record.scalars_down
                 counters["uploads_lost"] += record.uploads_lost
                 row = _row(exp, counters, record, record.policy_gap)
-                RunDir.append_jsonl(rundir.metrics, row)
+                rundir.append_jsonl(rundir.metrics, row)
                 finished = counters["episodes"] >= config.episodes
                 if round % config.checkpoint.every == 0 or finished:
                     checkpoint.save(
@@ -274,6 +285,7 @@ def _loop(
                 )
                 for callback in callbacks:
                     callback(round, row)
+        rundir.finished()
     finally:
         log.removeHandler(handler)
         handler.close()

@@ -3,22 +3,88 @@
 The string is resolved before any work starts; when it does not resolve, the error says what was
 tried (the module, the attribute, the folders searched) and how to fix it. The working directory
 is searched too, as ``python -m`` would, so a ``models.py`` beside the config just works.
+
+Importing is running code, so it is refused where the config may not be the user's: `taciturn
+report` and `compare` never import anything (``no_code``), and `resume` and `export` of a folder
+import only if this user's taciturn wrote it (its manifest's MAC checks, report/manifest.py) or the
+user says so (``--trust-code``, ``trust_code=True``, as Hugging Face's ``trust_remote_code``).
+Every import goes through ``load_callable``, which checks this.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import difflib
 import importlib
 import os
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from taciturn.experiments.config import ConfigError
+from taciturn.experiments.config import IMPORT_PATH, ConfigError
+
+# Why importing is refused right now (None: allowed); set by ``no_code`` and ``trusted``.
+_refusal: contextvars.ContextVar[str | None] = contextvars.ContextVar("taciturn_code_refusal", default=None)
+
+
+class UntrustedCode(ConfigError):
+    """A run folder's config names code to import, and nothing says the folder is the user's."""
+
+
+@contextlib.contextmanager
+def no_code(reason: str) -> Iterator[None]:
+    """Within this block every import a config names is refused, with ``reason``."""
+    token = _refusal.set(reason)
+    try:
+        yield
+    finally:
+        _refusal.reset(token)
+
+
+def named_code(tree: Any, where: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """Every (key, "package.module:callable") a config tree names to import (model.factory,
+    data.factory, a loss, or any other import path), except under free-text names and kwargs."""
+    found: list[tuple[str, str]] = []
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            if str(key) not in ("name", "kwargs"):
+                found += named_code(value, (*where, str(key)))
+    elif isinstance(tree, list | tuple):
+        for value in tree:
+            found += named_code(value, where)
+    elif isinstance(tree, str) and re.match(IMPORT_PATH, tree):
+        found.append((".".join(where), tree))
+    return found
+
+
+@contextlib.contextmanager
+def trusted(rundir: Any, tree: dict, trust_code: bool, what: str) -> Iterator[None]:
+    """Allow the imports the run folder's config names only if ``trust_code`` or this user's
+    taciturn wrote the folder (``rundir.signed()``); otherwise refuse before anything is touched,
+    and refuse any import at all within the block."""
+    if trust_code or rundir.signed():
+        yield
+        return
+    code = named_code(tree)
+    listed = ", ".join(f"{key} = {path!r}" for key, path in code[:3]) or "code"
+    reason = (
+        f"{rundir.config} names code to import ({listed}), and {rundir.path} was not written by "
+        "taciturn run by you on this machine (its manifest.json carries no MAC made with your key: the "
+        f"folder came from elsewhere, or was edited). Read that code first; then {what} with "
+        "--trust-code (trust_code=True in Python) to run it"
+    )
+    if code:
+        raise UntrustedCode(reason)
+    with no_code(reason):
+        yield
 
 
 def load_callable(path: str, key: str) -> Callable[..., Any]:
     """The callable ``path`` ("package.module:attribute.attribute") names; ``key`` is the config key."""
+    if (refused := _refusal.get()) is not None:
+        raise UntrustedCode(f"[{key}] {path!r} is not imported: {refused}")
     module_name, _, attribute = path.partition(":")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.append(os.getcwd())

@@ -7,7 +7,6 @@ partition, a model that does not fit the data) fails in ``prepare``, before the 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -26,6 +25,7 @@ from taciturn.compression.link import ReferenceCopies
 from taciturn.core import device
 from taciturn.core.channel import Channel
 from taciturn.core.device import DeviceError, resolve, use
+from taciturn.core.errors import TaciturnError
 from taciturn.core.ledger import Direction, Ledger
 from taciturn.core.rng import SERVER, Streams
 from taciturn.core.state_store import ClientStateStore
@@ -35,10 +35,10 @@ from taciturn.data.federated import FederatedData
 from taciturn.data.partition import partition
 from taciturn.engine.analysis import Analysis, TwinState
 from taciturn.engine.federation import Federation, RoundReport
-from taciturn.experiments import checkpoint, memory
+from taciturn.experiments import checkpoint, limits, memory
 from taciturn.experiments.best import BestModel, EarlyStop, check_columns
 from taciturn.experiments.client_eval import ClientEvaluation
-from taciturn.experiments.config import ConfigError, RunConfig, load_config, to_toml
+from taciturn.experiments.config import ConfigError, RunConfig, load_run_config, to_toml
 from taciturn.experiments.engine_setup import DEPLOYED, ExecutorFactory, build_federation, start_ray
 from taciturn.experiments.export import model_record
 from taciturn.experiments.local_eval import local_scores
@@ -47,6 +47,7 @@ from taciturn.experiments.tracking import Trackers, check_installed
 from taciturn.experiments.user import (
     UserObjects,
     check_fit,
+    check_metrics,
     default_metrics,
     require_objects,
     token_model,
@@ -84,8 +85,10 @@ class RoundEnd:
 RoundCallback = Callable[[RoundEnd], None]
 
 
-class RunFailed(RuntimeError):
-    """Every client of a round raised: that is a bug, not a client fault, so the run stops."""
+class RunFailed(TaciturnError, RuntimeError):
+    """Every client of a round raised: that is a bug (in the model, the loss or the data), not a
+    client fault, so the run stops with the first client's error; it resumes from the last checkpoint
+    once fixed."""
 
 
 @dataclass
@@ -126,6 +129,7 @@ def build_task(
             f"[partition.kind] '{config.partition.kind}' splits by class, but the targets are not class "
             "labels: use partition.kind = 'iid'"
         )
+    _check_partition(config, dataset)
     part_options = config.partition.model_dump(exclude={"kind", "num_clients", "column"})
     parts = partition(
         dataset.y_train.numpy(),
@@ -160,7 +164,8 @@ def build_task(
             model = build_model(config.model.kind, dataset.input_shape, outputs, **model_options)
         except ValueError as error:
             raise ConfigError(f"[model] {error} (data {dataset.name}: input {dataset.input_shape})") from None
-    shape = check_fit(model.to(device), dataset, loss, outputs)
+    shape = check_fit(model.to(device) if not _on_meta(model) else model, dataset, loss, outputs)
+    check_metrics(model, dataset, objects.metrics)
     try:
         if loss is None and not objects.metrics:
             task_class = squared_error.SquaredErrorTask if squared else ClassificationTask
@@ -181,6 +186,11 @@ def build_task(
     except ValueError as error:  # a model taciturn cannot federate (see tasks/classification.py)
         raise ConfigError(f"[model] {error}") from None
     return task, data
+
+
+def _on_meta(model: torch.nn.Module) -> bool:
+    """A model with no values (PyTorch's meta device): check_fit refuses it with a clear error."""
+    return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
 
 
 def _device(config: RunConfig) -> torch.device:
@@ -231,9 +241,6 @@ def _dataset(config: RunConfig, streams: Streams, objects: UserObjects) -> Array
         except HfModelNotFound as error:  # its tokenizer
             raise ConfigError(f"[model.name_or_path] {error}") from None
     options = config.data.model_dump(exclude={"dataset", "path"})
-    if config.data.dataset == "synthetic":  # float32 features and int64 labels, generated at once
-        size = config.data.num_samples * (4 * config.data.num_features + 8)
-        memory.check_fits(f"[data] {config.data.num_samples:,} synthetic samples", size, "use fewer")
     try:
         return load_dataset(
             config.data.dataset,
@@ -243,6 +250,33 @@ def _dataset(config: RunConfig, streams: Streams, objects: UserObjects) -> Array
         )
     except ValueError as error:  # an impossible subset (classes, train_size, test_size)
         raise ConfigError(f"[data] {error}") from None
+
+
+def check_bounds(config: RunConfig) -> None:
+    """What the config asks of this machine, against its cores and memory (experiments/limits.py,
+    memory.py), before any work: workers, threads, iterations, classes, generated data."""
+    limits.check_engine(config.engine)
+    if config.aggregation.kind == "centered_clip":
+        limits.check_iterations("[aggregation.iterations]", config.aggregation.iterations)
+    data = config.data
+    if data.dataset == "synthetic":
+        limits.check_classes("[data.num_classes]", data.num_classes)
+        generated = int(data.num_samples / 0.8) + 1  # with the held-out fifth (data/synthetic.py)
+        # float64 draws (the class means of each sample, the noise, their sum), float32 features,
+        # int64 labels, and the class means
+        size = generated * (28 * data.num_features + 16) + 8 * data.num_classes * data.num_features
+        memory.check_fits(f"[data] {data.num_samples:,} synthetic samples", size, "use fewer")
+
+
+def _check_partition(config: RunConfig, dataset: ArrayDataset) -> None:
+    """The partition keeps a (clients x classes) histogram and Dirichlet proportions: bound both."""
+    limits.check_classes(f"[data] the classes of {dataset.name}", dataset.num_classes)
+    clients = config.partition.num_clients or len(dataset.y_train)
+    memory.check_fits(
+        f"[partition] {clients:,} clients x {dataset.num_classes:,} classes",
+        24 * clients * max(1, dataset.num_classes),
+        "use fewer clients or classes",
+    )
 
 
 def use_buffers(config: RunConfig, algorithm: Algorithm, task: Task, deployed: bool) -> None:
@@ -275,6 +309,7 @@ def prepare(
     objects: UserObjects | None = None,
     remote: ExecutorFactory | None = None,
 ) -> Experiment:
+    check_bounds(config)  # before any process, thread or array is made
     ray_workers = start_ray(config, remote)  # first: Ray's start-up overlaps the data loading
     try:
         return _prepare(config, out, ledger, objects, remote, ray_workers)
@@ -385,19 +420,18 @@ def build_accountant(config: RunConfig, num_clients: int) -> Any:
 
 def _write_partition(exp: Experiment) -> None:
     hist = exp.data.histogram()
-    exp.rundir.partition.write_text(
-        json.dumps(
-            {
-                "dataset": exp.data.dataset.name,
-                "source": exp.data.dataset.source,
-                "kind": exp.config.partition.kind,
-                "num_clients": exp.data.num_clients,
-                "num_classes": exp.data.dataset.num_classes,
-                "sizes": hist.sum(axis=1).tolist(),
-                "histogram": hist.tolist(),
-                **_held_out_sizes(exp.data),
-            }
-        )
+    exp.rundir.write_json(
+        exp.rundir.partition,
+        {
+            "dataset": exp.data.dataset.name,
+            "source": exp.data.dataset.source,
+            "kind": exp.config.partition.kind,
+            "num_clients": exp.data.num_clients,
+            "num_classes": exp.data.dataset.num_classes,
+            "sizes": hist.sum(axis=1).tolist(),
+            "histogram": hist.tolist(),
+            **_held_out_sizes(exp.data),
+        },
     )
 
 
@@ -410,8 +444,7 @@ def _held_out_sizes(data: ClientData) -> dict[str, list[int]]:
 
 
 def _attach_log(rundir: RunDir) -> logging.Handler:
-    handler = logging.FileHandler(rundir.log)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler = rundir.log_handler()
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     return handler
@@ -439,14 +472,14 @@ def start(
         counters: dict[str, Any] = {"round": 0, "wall_s": 0.0, "rejected": 0, "failed": 0, "skipped": 0}
         row = _with_analysis(exp, state, _evaluate(exp, state, counters, None))
         _watchers(exp, row)  # a column that does not exist fails before the folder is written
-        rundir.reset(to_toml(config))
+        rundir.reset(config, to_toml(config))
         info = {"primary_metric": exp.task.primary_metric, "engine": exp.engine_note}
         info["device"] = str(device.current())  # what engine.device = "auto" resolved to
         if exp.accountant is not None:
             info["privacy"] = privacy_record(config, exp.accountant)
-        rundir.info.write_text(json.dumps(info | model_record(exp.task, exp.data)))
+        rundir.update_info(info | model_record(exp.task, exp.data))
         _write_partition(exp)
-        RunDir.append_jsonl(rundir.metrics, row)
+        rundir.append_jsonl(rundir.metrics, row)
         _start_trackers(exp, None)
         _watch(exp, state, row, counters)
         if exp.trackers is not None:
@@ -465,7 +498,7 @@ def resume(
     ``remote``: the executor of a deployed run (taciturn.deploy), as for ``start``."""
     rundir = RunDir(path).require()
     with rundir.lock():
-        config = load_config(rundir.config)
+        config = load_run_config(rundir, RunConfig)
         if remote is None and _deployed(rundir):
             raise RunDirError(
                 f"{path} is a deployed run: its clients are on SuperNodes; continue it with its app "
@@ -485,7 +518,7 @@ def resume(
             )
         round, folder = latest
         rundir.truncate_to(checkpoint.verify(folder))
-        ledger = Ledger.from_csv(rundir.ledger, up_to_round=round)
+        ledger = rundir.read_ledger(up_to_round=round)
         exp = prepare(config, path, ledger=ledger, objects=objects, remote=remote)
         params = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))
         initial = exp.algorithm.init_server(params, exp.data.num_clients)
@@ -514,19 +547,29 @@ def resume(
 
 def _deployed(rundir: RunDir) -> bool:
     """Whether the run's clients ran on SuperNodes (its engine note, engine_setup.py, written at start)."""
-    try:
-        return DEPLOYED in json.loads(rundir.info.read_text())["engine"]
-    except (OSError, ValueError, KeyError, AttributeError):
-        return False
+    engine = rundir.read_info().get("engine")
+    return isinstance(engine, str) and DEPLOYED in engine
 
 
 def _evaluate(
     exp: Experiment, state: Any, counters: dict[str, Any], report: RoundReport | None
 ) -> dict[str, Any]:
     params = exp.algorithm.global_params(state)
-    scores = exp.task.evaluate(params)
-    if local := exp.algorithm.local_buffers:  # FedBN: each client's own model too
-        scores |= local_scores(exp.task, exp.data, exp.store, params, local)
+    try:
+        scores = exp.task.evaluate(params)
+        if local := exp.algorithm.local_buffers:  # FedBN: each client's own model too
+            scores |= local_scores(exp.task, exp.data, exp.store, params, local)
+        clients = {} if exp.client_eval is None else exp.client_eval.scores(params, counters["round"])
+    except TaciturnError:
+        raise
+    except Exception as error:  # the user's model, loss or metric failed on the held-out data
+        raise RunFailed(
+            f"evaluating the global model after round {counters['round']} failed: "
+            f"{type(error).__name__}: {error}"
+        ) from None
+    bad = [k for k, v in scores.items() if not isinstance(v, int | float) or isinstance(v, bool)]
+    if bad:
+        raise RunFailed(f"evaluation gave {bad[0]} = {scores[bad[0]]!r}, not a number")
     up, down = exp.ledger.totals(Direction.UP), exp.ledger.totals(Direction.DOWN)
     return {
         "round": counters["round"],
@@ -545,7 +588,7 @@ def _evaluate(
         "wall_s": round(counters["wall_s"], 3),
         **({} if report is None else report.server_info),
         **({} if exp.accountant is None else epsilon_columns(exp.config, exp.accountant, counters["round"])),
-        **({} if exp.client_eval is None else exp.client_eval.scores(params, counters["round"])),
+        **clients,
     }
 
 
@@ -624,15 +667,14 @@ def _watch(exp: Experiment, state: Any, row: dict[str, Any], counters: dict[str,
     if exp.stop is not None and (why := exp.stop.seen(row, counters)) is not None:
         counters["stopped"] = {"round": row["round"], "reason": why}
         log.info("stopping early after round %d: %s", row["round"], why)
-        info = json.loads(exp.rundir.info.read_text())
-        exp.rundir.info.write_text(json.dumps(info | {"stopped": counters["stopped"]}))
+        exp.rundir.update_info({"stopped": counters["stopped"]})
 
 
 def _record_events(rundir: RunDir, report: RoundReport, private: bool) -> None:
     """``private``: events name no client (who took part is what sampling hides)."""
     for kind, items in (("rejected", report.rejected), ("failed", report.failed)):
         for client, reason in items:
-            RunDir.append_jsonl(
+            rundir.append_jsonl(
                 rundir.events,
                 {
                     "round": report.round,
@@ -642,7 +684,7 @@ def _record_events(rundir: RunDir, report: RoundReport, private: bool) -> None:
                 },
             )
     if report.skipped is not None:
-        RunDir.append_jsonl(
+        rundir.append_jsonl(
             rundir.events,
             {"round": report.round, "client": None, "event": "skipped", "reason": report.skipped},
         )
@@ -688,7 +730,7 @@ def _loop(
                 if exp.analysis is not None:
                     exp.analysis.after_round(round, started_from, report)  # not timed: not FedAvg's cost
                 private = config.privacy.enabled
-                exp.ledger.append_csv(rundir.ledger, round, by_client=not private)
+                rundir.append_ledger(exp.ledger, round, by_client=not private)
                 _record_events(rundir, report, private)
                 if report.selected and len(report.failed) == len(report.selected):
                     raise RunFailed(
@@ -704,7 +746,7 @@ def _loop(
                     row = _evaluate(exp, state, counters, report)  # wall_s so far, this evaluation excluded
                     counters["wall_s"] += time.perf_counter() - started
                     row = _with_analysis(exp, state, row)
-                    RunDir.append_jsonl(rundir.metrics, row)
+                    rundir.append_jsonl(rundir.metrics, row)
                     if exp.trackers is not None:
                         exp.trackers.log(row)
                     log.info(row_line(row, exp.task.primary_metric))
@@ -733,6 +775,10 @@ def _loop(
                     break
         last = rundir.read_metrics()[-1:]
         log.info("finished: %s", row_line(last[0], exp.task.primary_metric) if last else "no evaluation")
+        if exp.trackers is not None:  # closed before the manifest records what they wrote
+            exp.trackers.close()
+            exp.trackers = None
+        rundir.finished()
         finished = True
     finally:
         exp.federation.executor.close()

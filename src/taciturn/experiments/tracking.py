@@ -25,7 +25,9 @@ from typing import Any
 from pydantic import Field
 
 from taciturn.algorithms.config import StrictModel
-from taciturn.report.rundir import RunDir
+from taciturn.report.rundir import CONFIG, RunDir, RunDirError
+
+TENSORBOARD, MLFLOW_DB = "tensorboard", "mlflow.db"  # in the run folder
 
 EXTRAS = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow")}
 
@@ -78,10 +80,13 @@ class Trackers:
         if config.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
+            before = _tensorboard_folder(rundir)
             purge = None if resumed is None else resumed + 1
-            self.writer = SummaryWriter(log_dir=str(rundir.path / "tensorboard"), purge_step=purge)
+            self.writer = SummaryWriter(log_dir=str(rundir.path / TENSORBOARD), purge_step=purge)
+            # the event file it opened enters the manifest (--overwrite deletes it as taciturn's)
+            rundir.claim(*(f"{TENSORBOARD}/{n}" for n in rundir.fs.listdir(TENSORBOARD) if n not in before))
             if resumed is None:
-                self.writer.add_text("config", "```\n" + rundir.config.read_text() + "\n```", 0)
+                self.writer.add_text("config", "```\n" + rundir.read_text(CONFIG) + "\n```", 0)
         if config.mlflow:
             self._start_mlflow(config, name, tree, resumed)
 
@@ -91,9 +96,11 @@ class Trackers:
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
-        uri = config.mlflow_uri or f"sqlite:///{self.rundir.path.resolve() / 'mlflow.db'}"
+        if config.mlflow_uri is None:
+            _mlflow_store(self.rundir)
+        uri = config.mlflow_uri or f"sqlite:///{self.rundir.path.resolve() / MLFLOW_DB}"
         self.client = MlflowClient(tracking_uri=uri)
-        info = json.loads(self.rundir.info.read_text())
+        info = self.rundir.read_info()
         if resumed is not None and info.get("mlflow_run_id"):
             self.run_id = info["mlflow_run_id"]
             self.client.update_run(self.run_id, status="RUNNING")
@@ -107,7 +114,7 @@ class Trackers:
         params = [Param(k, v[:6000]) for k, v in flatten(tree).items()]
         for start in range(0, len(params), 100):  # MLflow takes at most 100 parameters per batch
             self.client.log_batch(self.run_id, params=params[start : start + 100])
-        self.rundir.info.write_text(json.dumps(info | {"mlflow_run_id": self.run_id, "mlflow_uri": uri}))
+        self.rundir.update_info({"mlflow_run_id": self.run_id, "mlflow_uri": uri})
 
     def log(self, row: dict[str, Any]) -> None:
         step, values = int(row["round"]), scalars(row)
@@ -128,3 +135,38 @@ class Trackers:
             self.writer.close()
         if self.client is not None:
             self.client.set_terminated(self.run_id, "FAILED" if failed else "FINISHED")
+
+
+def _tensorboard_folder(rundir: RunDir) -> set[str]:
+    """Make <run>/tensorboard through the run's folder (a link there is refused, the folder enters
+    the manifest) and return what it holds: TensorBoard opens its event file by path, so nothing in
+    it may be a link it could write through."""
+    fs = rundir.fs
+    fs.mkdir(TENSORBOARD)
+    names = set(fs.listdir(TENSORBOARD))
+    for name in names:
+        if fs.kind(f"{TENSORBOARD}/{name}") != "file":
+            raise RunDirError(
+                f"{rundir.path / TENSORBOARD / name} is not a regular file (a link, a folder?); "
+                "TensorBoard writes its event files there: remove it, or use another folder"
+            )
+    return names
+
+
+def _mlflow_store(rundir: RunDir) -> None:
+    """MLflow's SQLite store in the run folder (and the journal files SQLite makes beside it) must be
+    plain files, never links SQLite would write through; the store enters the manifest before it is
+    made."""
+    for name in (MLFLOW_DB, *(MLFLOW_DB + suffix for suffix in ("-journal", "-wal", "-shm"))):
+        if rundir.fs.kind(name) not in (None, "file"):
+            raise RunDirError(
+                f"{rundir.path / name} is not a regular file (a link, a folder?); MLflow's store is "
+                "written there: remove it, or set [tracking] mlflow_uri"
+            )
+    if not rundir.fs.exists(MLFLOW_DB):
+        rundir.claim(MLFLOW_DB)
+    elif not rundir.lists(MLFLOW_DB):
+        raise RunDirError(
+            f"{rundir.path / MLFLOW_DB} is not a file taciturn wrote (no manifest.json lists it): move it "
+            "away, or set [tracking] mlflow_uri to use that store"
+        )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from taciturn.core.errors import TaciturnError
-from taciturn.experiments.config import ConfigError, read_tree, validate
+from taciturn.experiments import plugins
+from taciturn.experiments.config import ConfigError, load_run_config, read_tree, run_tree, validate
 from taciturn.report.rundir import RunDir, RunDirError, check_comparison_folder
 
 
@@ -104,7 +104,7 @@ def _type_of(tree: dict, source: str) -> ExperimentType:
 
 def _known_type(tree: dict, source: str) -> str:
     name = tree.get("type", "federated")
-    if name not in TYPES:
+    if not isinstance(name, str) or name not in TYPES:
         close = difflib.get_close_matches(str(name), TYPES, n=1)
         hint = f"did you mean '{close[0]}'?" if close else f"choose one of {', '.join(TYPES)}"
         raise ConfigError(f"invalid config {source}:\n  [type] unknown experiment type {name!r}: {hint}")
@@ -123,10 +123,9 @@ def validate_tree(tree: dict, source: str) -> Any:
 def start(config: Any, out: Path, report: bool = True, **options: Any) -> RunDir:
     """Run ``config`` into ``out``; then write its report.html unless ``report`` is False (a sweep
     can write them later with `taciturn report`)."""
-    kind = TYPES[config.type]()
-    rundir = kind.start(config, out, **options)
+    rundir = TYPES[config.type]().start(config, out, **options)
     if report:
-        kind.report(rundir)
+        _report(rundir)
     return rundir
 
 
@@ -137,23 +136,37 @@ def _type_of_run(rundir: RunDir) -> ExperimentType:
 def _type_name(rundir: RunDir) -> str:
     """The run's experiment type: a known one, or a clear error."""
     rundir.require()
-    try:
-        tree = tomllib.loads(rundir.config.read_text())
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
-        raise ConfigError(f"{rundir.config} is not valid TOML: {error}") from None
-    return _known_type(tree, str(rundir.config))
+    return _known_type(run_tree(rundir), str(rundir.config))
 
 
-def resume(path: Path, report: bool = True, **options: Any) -> RunDir:
-    kind = _type_of_run(RunDir(path))
-    rundir = kind.resume(path, **options)
+def resume(path: Path, report: bool = True, trust_code: bool = False, **options: Any) -> RunDir:
+    """Continue the run in ``path`` from its last checkpoint. Code its config names (model.factory,
+    data.factory, a loss "pkg.mod:fn") is imported only if this user's taciturn wrote the folder
+    (its manifest's MAC checks) or ``trust_code``: a folder from someone else runs no code unasked."""
+    rundir = RunDir(path).require()
+    tree = run_tree(rundir)
+    kind = TYPES[_known_type(tree, str(rundir.config))]()
+    load_run_config(rundir, kind.config)  # the run's own config, or an error naming config.toml
+    rundir.check_own_files()
+    if report:  # what the report will read is checked now, not after the rounds it resumes
+        rundir.verify()
+    with plugins.trusted(rundir, tree, trust_code, "resume"):
+        rundir = kind.resume(path, **options)
     if report:
-        kind.report(rundir)
+        _report(rundir)
     return rundir
 
 
 def report(rundir: RunDir) -> Path:
-    with rundir.lock(), _damaged(str(rundir.path)):
+    """Rebuild a run's plots and report.html from its files, checked against its manifest first;
+    nothing its config names is imported."""
+    return _report(rundir)
+
+
+def _report(rundir: RunDir) -> Path:
+    with rundir.lock(), _damaged(str(rundir.path)), plugins.no_code("`taciturn report` runs no code"):
+        rundir.verify()
+        rundir.check_own_files()
         return _type_of_run(rundir).report(rundir)
 
 
@@ -178,10 +191,13 @@ def compare(rundirs: list[RunDir], out: Path) -> tuple[Path, dict[str, dict]]:
     if len(set(names.values())) > 1:
         listed = ", ".join(f"{path} ({name})" for path, name in names.items())
         raise ConfigError(f"cannot compare runs of different experiment types: {listed}")
+    for rundir in rundirs:
+        rundir.verify()
     kind = TYPES[next(iter(names.values()))]()
     if kind.compare is None:
         raise ConfigError(f"`taciturn compare` does not support {next(iter(names.values()))} runs yet")
-    with _damaged(", ".join(str(r.path) for r in rundirs)):
+    refusal = "`taciturn compare` runs no code"
+    with _damaged(", ".join(str(r.path) for r in rundirs)), plugins.no_code(refusal):
         return kind.compare(rundirs, out)
 
 

@@ -9,7 +9,7 @@ outputs the loss can read.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,34 @@ from taciturn.data.datasets import ArrayDataset, DataError
 from taciturn.data.user import as_dataset
 from taciturn.experiments.config import BUILTIN_LOSSES, ConfigError, RunConfig
 from taciturn.experiments.plugins import load_callable
+
+# The columns taciturn itself writes in a metrics row (runner.py ``_evaluate``, the server chain's
+# numbers, [analysis]): a user metric of one of these names would silently replace one of them in
+# every row (a metric named "round" once replaced the round column). "accuracy" may be redefined.
+RESERVED_COLUMNS = frozenset(
+    {
+        *("round", "loss", "train_loss", "clients", "rejected", "failed", "skipped", "wall_s"),
+        *("bytes_up", "bytes_down", "messages_up", "messages_down", "delivered_up", "delivered_down"),
+        *("epsilon", "nominal_epsilon", "clip_norm", "clipped", "divergence", "weight_change"),
+        *("ntk_change", "eval_clients", "eval_samples"),
+        *("linearization_rmse", "centralized_output_rmse", "centralized_param_rmse"),
+        *("centralized_loss", "centralized_accuracy", "centralized_train_loss"),
+    }
+)
+# FedBN's own-model scores, the centralized twin, client-side evaluation ([eval] clients)
+RESERVED_PREFIXES = ("local_", "centralized_", "client_")
+
+
+def check_metric_names(names: Iterable[Any]) -> None:
+    """User metric names: non-empty strings that are not one of taciturn's own columns."""
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"metrics= names must be non-empty strings, got {name!r}")
+        if name in RESERVED_COLUMNS or name.startswith(RESERVED_PREFIXES):
+            raise ConfigError(
+                f"metrics[{name!r}]: {name!r} is a column taciturn writes itself in metrics.jsonl; "
+                f"give your metric another name (e.g. 'my_{name}')"
+            )
 
 
 @dataclass(frozen=True)
@@ -118,6 +146,13 @@ def check_fit(
 ) -> tuple[int, ...]:
     """One forward pass on two samples (and the loss on it), so a mismatch fails before round 1;
     returns the shape of one sample's outputs."""
+    meta = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if meta:
+        raise ConfigError(
+            f"[model] {meta[0]} (and {len(meta) - 1} more) is on PyTorch's meta device, which holds no "
+            "values: build the model on a real device, or call model.to_empty(device='cpu') and "
+            "initialise its weights"
+        )
     was_training = model.training
     model.eval()
     x, y = dataset.x_train[:2], dataset.y_train[:2]
@@ -134,6 +169,11 @@ def check_fit(
     if not isinstance(out, torch.Tensor):
         raise ConfigError(
             f"[model] the model must return a tensor of outputs, it returned {type(out).__name__}"
+        )
+    if not out.is_floating_point() or out.shape[:1] != x.shape[:1]:
+        raise ConfigError(
+            f"[model] the model must return floating-point outputs, one row per sample; for "
+            f"{len(x)} samples it returned {out.dtype} of shape {tuple(out.shape)} (a loss needs gradients)"
         )
     if loss is None:
         if dataset.num_classes == 0:
@@ -159,6 +199,33 @@ def check_fit(
     return tuple(out.shape[1:])
 
 
+def check_metrics(model: nn.Module, dataset: ArrayDataset, metrics: Mapping[str, Callable]) -> None:
+    """Each metric on the model's outputs for two samples gives numbers: per-sample values or a
+    batch mean (a metric returning a string failed only at the first evaluation)."""
+    if not metrics:
+        return
+    x, y = dataset.x_train[:2], dataset.y_train[:2]
+    with torch.no_grad():
+        out = model(x)
+    for name, metric in metrics.items():
+        try:
+            result = metric(out, y)
+        except Exception as error:
+            raise ConfigError(
+                f"[metrics] {name!r} fails on the model's outputs: {type(error).__name__}: {error}"
+            ) from None
+        try:
+            value = torch.as_tensor(result)
+        except (TypeError, ValueError, RuntimeError):
+            value = None
+        if value is None or value.is_complex() or value.numel() not in (1, len(y)):
+            shown = type(result).__name__ if value is None else f"{value.dtype} of shape {tuple(value.shape)}"
+            raise ConfigError(
+                f"[metrics] {name!r} must return a number or one number per sample; for {len(y)} samples "
+                f"it returned {shown}"
+            )
+
+
 def default_metrics(
     dataset: ArrayDataset, outputs: tuple[int, ...], metrics: Mapping[str, Callable]
 ) -> dict[str, Callable]:
@@ -166,5 +233,6 @@ def default_metrics(
     the first of which leads the report."""
     from taciturn.tasks.custom import accuracy
 
+    check_metric_names(metrics)
     scores = dataset.num_classes and len(outputs) == 1 and outputs[0] >= dataset.num_classes
     return dict(metrics) | ({"accuracy": accuracy} if scores and "accuracy" not in metrics else {})

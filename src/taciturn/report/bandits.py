@@ -11,7 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from taciturn.report.figures import save
+from taciturn.core.folder import Folder
+from taciturn.report.figures import Png, save
 from taciturn.report.html import image, page, table
 from taciturn.report.rundir import RunDir
 
@@ -39,7 +40,7 @@ def _band(ax, x, values: np.ndarray, label: str) -> None:
         ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15)
 
 
-def regret_vs_time(data: Curves, path: Path, title: str = "") -> Path:
+def regret_vs_time(data: Curves, folder: Folder, rel: str, title: str = "") -> Png:
     fig, ax = plt.subplots(figsize=(6, 4))
     for method, c in data.items():
         _band(ax, c["t"][1:], c["regret"][1:], method)  # from the first record: log scale
@@ -51,10 +52,10 @@ def regret_vs_time(data: Curves, path: Path, title: str = "") -> Path:
     ax.set_yscale("log")  # methods that pool wrongly sit orders of magnitude above the rest
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return save(fig, path)
+    return save(fig, folder, rel)
 
 
-def regret_vs_bytes(data: Curves, path: Path, title: str = "") -> Path:
+def regret_vs_bytes(data: Curves, folder: Folder, rel: str, title: str = "") -> Png:
     fig, ax = plt.subplots(figsize=(6, 4))
     for method, c in data.items():
         shared = (c["bytes_up"] + c["bytes_down"]).mean(axis=1) / 1e6
@@ -67,10 +68,10 @@ def regret_vs_bytes(data: Curves, path: Path, title: str = "") -> Path:
     ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return save(fig, path)
+    return save(fig, folder, rel)
 
 
-def f1_vs_time(data: Curves, path: Path, title: str = "") -> Path:
+def f1_vs_time(data: Curves, folder: Folder, rel: str, title: str = "") -> Png:
     fig, ax = plt.subplots(figsize=(6, 4))
     for method, c in data.items():
         if "f1" in c:
@@ -79,17 +80,17 @@ def f1_vs_time(data: Curves, path: Path, title: str = "") -> Path:
     ax.set_title(title or "Cluster recovery")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return save(fig, path)
+    return save(fig, folder, rel)
 
 
-def bytes_vs_time(data: Curves, path: Path) -> Path:
+def bytes_vs_time(data: Curves, folder: Folder, rel: str) -> Png:
     fig, ax = plt.subplots(figsize=(6, 4))
     for method, c in data.items():
         _band(ax, c["t"], (c["bytes_up"] + c["bytes_down"]) / 1e6, method)
     ax.set(xlabel="step t", ylabel="bytes shared, up + down (MB)", title="Communication vs time")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return save(fig, path)
+    return save(fig, folder, rel)
 
 
 def summary_rows(rows: list[dict]) -> list[dict]:
@@ -114,7 +115,7 @@ def summary_rows(rows: list[dict]) -> list[dict]:
 
 def write_report(rundir: RunDir) -> Path:
     data = curves(rundir.read_metrics())
-    plots = rundir.plots
+    fs = rundir.fs
     parts = [
         f"<h1>taciturn bandits run: {html.escape(rundir.path.name)}</h1>",
         "<p>Cumulative pseudo-regret summed over agents; lines are means over the independent "
@@ -122,10 +123,10 @@ def write_report(rundir: RunDir) -> Path:
     ]
     rows = summary_rows(rundir.read_metrics())
     parts.append(table(list(rows[0]), [list(r.values()) for r in rows]))
-    parts += ["<h2>Regret</h2>", image(regret_vs_time(data, plots / "regret_vs_time.png"))]
-    parts += ["<h2>Communication</h2>", image(regret_vs_bytes(data, plots / "regret_vs_bytes.png"))]
-    parts.append(image(bytes_vs_time(data, plots / "bytes_vs_time.png")))
+    parts += ["<h2>Regret</h2>", image(regret_vs_time(data, fs, "plots/regret_vs_time.png"))]
+    parts += ["<h2>Communication</h2>", image(regret_vs_bytes(data, fs, "plots/regret_vs_bytes.png"))]
+    parts.append(image(bytes_vs_time(data, fs, "plots/bytes_vs_time.png")))
     if any("f1" in c for c in data.values()):
-        parts += ["<h2>Cluster recovery</h2>", image(f1_vs_time(data, plots / "f1_vs_time.png"))]
-    parts += ["<h2>Config</h2>", f"<pre>{html.escape(rundir.config.read_text())}</pre>"]
-    return page(rundir.report, f"taciturn: {rundir.path.name}", parts)
+        parts += ["<h2>Cluster recovery</h2>", image(f1_vs_time(data, fs, "plots/f1_vs_time.png"))]
+    parts += ["<h2>Config</h2>", f"<pre>{html.escape(rundir.read_text(rundir.config))}</pre>"]
+    return page(fs, "report.html", f"taciturn: {rundir.path.name}", parts)

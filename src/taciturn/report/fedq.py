@@ -14,8 +14,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from taciturn.core.codec import decode
+from taciturn.core.folder import Folder, as_folder
 from taciturn.report import plots
-from taciturn.report.figures import save
+from taciturn.report.figures import Png, save
 from taciturn.report.html import _labels, image, page, table
 from taciturn.report.rundir import RunDir
 from taciturn.rl.analysis import log_slope, steady_state_slope
@@ -28,7 +29,7 @@ def _columns(rows: list[dict], *keys: str) -> list[np.ndarray]:
     return [np.array([r[k] for r in rows], dtype=np.float64) for k in keys]
 
 
-def regret_plot(rows: list[dict], agents: int, horizon: int, path: Path) -> Path:
+def regret_plot(rows: list[dict], agents: int, horizon: int, folder: Folder, rel: str) -> Png:
     episodes, regret, gap = _columns(rows[1:], "episodes", "regret", "policy_gap")
     total = agents * episodes  # the papers' total number of episodes M T / H
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
@@ -47,10 +48,10 @@ def regret_plot(rows: list[dict], agents: int, horizon: int, path: Path) -> Path
     )
     for ax in axes:
         ax.grid(alpha=0.3)
-    return save(fig, path)
+    return save(fig, folder, rel)
 
 
-def rounds_plot(rows: list[dict], horizon: int, path: Path) -> tuple[Path, float]:
+def rounds_plot(rows: list[dict], horizon: int, folder: Folder, rel: str) -> tuple[Png, float]:
     episodes, rounds = _columns(rows[1:], "episodes", "round")
     start = episodes[-1] / 10 if len(episodes) else 1.0
     slope = log_slope(episodes, rounds, start)
@@ -68,13 +69,13 @@ def rounds_plot(rows: list[dict], horizon: int, path: Path) -> tuple[Path, float
     )
     ax.grid(alpha=0.3)
     ax.legend()
-    return save(fig, path), slope
+    return save(fig, folder, rel), slope
 
 
 def _load(rundir: RunDir) -> tuple[list[dict], int, TabularMDP]:
     """The metrics rows, the number of agents and the MDP of a run."""
-    agents = int(tomllib.loads(rundir.config.read_text())["agents"])
-    mdp = TabularMDP.from_message(decode((rundir.path / MDP_FILE).read_bytes()))
+    agents = int(tomllib.loads(rundir.read_text(rundir.config))["agents"])
+    mdp = TabularMDP.from_message(decode(rundir.read_bytes(MDP_FILE)))
     return rundir.read_metrics(), agents, mdp
 
 
@@ -108,9 +109,9 @@ def summary(rundir: RunDir) -> dict:
 def write_fedq_report(rundir: RunDir) -> Path:
     rows, agents, mdp = _load(rundir)
     facts = summary(rundir)
-    regret_png = regret_plot(rows, agents, mdp.horizon, rundir.plots / "regret.png")
-    rounds_png, slope = rounds_plot(rows, mdp.horizon, rundir.plots / "rounds.png")
-    traffic_png = plots.traffic_per_round(rundir.ledger, rundir.plots / "bytes_per_round.png")
+    regret_png = regret_plot(rows, agents, mdp.horizon, rundir.fs, "plots/regret.png")
+    rounds_png, slope = rounds_plot(rows, mdp.horizon, rundir.fs, "plots/rounds.png")
+    traffic_png = plots.traffic_per_round(rundir, "plots/bytes_per_round.png")
     facts["rounds per ln(episodes), last decade"] = "-" if math.isnan(slope) else round(slope, 2)
     keys = ["round", "episodes", "round_episodes", "regret", "policy_gap", "case1", "case2", "scalars_up"]
     keys += ["bytes_up"]
@@ -129,14 +130,14 @@ def write_fedq_report(rundir: RunDir) -> Path:
         f"<details><summary>{len(rows)} rows of metrics.jsonl (up to 400 shown)</summary>"
         f"{table(keys, body, 0)}</details>",
         "<h2>Config</h2>",
-        f"<pre>{html.escape(rundir.config.read_text())}</pre>",
+        f"<pre>{html.escape(rundir.read_text(rundir.config))}</pre>",
     ]
-    return page(rundir.report, f"taciturn: {rundir.path.name}", parts)
+    return page(rundir.fs, "report.html", f"taciturn: {rundir.path.name}", parts)
 
 
 def write_fedq_comparison(rundirs: list[RunDir], out: Path) -> Path:
     """Several FedQ runs overlaid: regret, normalised regret and rounds against episodes."""
-    out.mkdir(parents=True, exist_ok=True)
+    folder = as_folder(out)
     labels = _labels(rundirs)
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for label, rundir in zip(labels, rundirs, strict=True):
@@ -153,16 +154,18 @@ def write_fedq_comparison(rundirs: list[RunDir], out: Path) -> Path:
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    figure = save(fig, out / "fedq_comparison.png")
+    figure = save(fig, folder, "fedq_comparison.png")
     facts = [summary(r) for r in rundirs]
     keys = list(facts[0])
     overview = table(["run", *keys], [[label, *f.values()] for label, f in zip(labels, facts, strict=True)])
     configs = "".join(
-        f"<details><summary>{html.escape(label)}</summary><pre>{html.escape(r.config.read_text())}</pre></details>"
+        f"<details><summary>{html.escape(label)}</summary><pre>{html.escape(r.read_text(r.config))}</pre>"
+        "</details>"
         for label, r in zip(labels, rundirs, strict=True)
     )
     return page(
-        out / "compare.html",
+        folder,
+        "compare.html",
         "taciturn FedQ comparison",
         ["<h1>taciturn FedQ comparison</h1>", overview, image(figure), "<h2>Configs</h2>", configs],
     )

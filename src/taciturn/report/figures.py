@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -9,10 +11,24 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from taciturn.core.folder import Folder
 
-def save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
+
+@dataclass(frozen=True)
+class Png:
+    """A figure as written: where it is, and its bytes (report.html inlines them)."""
+
+    path: Path
+    data: bytes
+
+
+def save(fig, folder: Folder, rel: str) -> Png:
+    """Write ``fig`` as ``rel`` inside ``folder`` (core/folder.py: never through a link)."""
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
-    return path
+    if "/" in rel:
+        folder.mkdir(rel.rsplit("/", 1)[0])
+    folder.write_bytes(rel, buffer.getvalue())
+    return Png(folder.where(rel), buffer.getvalue())

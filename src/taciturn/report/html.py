@@ -10,8 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from taciturn.core.folder import Folder, as_folder
 from taciturn.report.divergence import divergence
-from taciturn.report.rundir import RunDir
+from taciturn.report.figures import Png
+from taciturn.report.rundir import BEST_RECORD, RunDir
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -25,9 +27,9 @@ img { max-width: 100%; } .muted { color: #777; }
 """
 
 
-def image(path: Path) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
-    return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
+def image(png: Png) -> str:
+    data = base64.b64encode(png.data).decode()
+    return f'<img alt="{html.escape(png.path.stem)}" src="data:image/png;base64,{data}">'
 
 
 def table(header: list[str], rows: list[list], numeric_from: int = 1) -> str:
@@ -93,7 +95,7 @@ def write_report(rundir: RunDir) -> Path:
             "<h2>Partition</h2>",
             f"<p>{html.escape(part['dataset'])} from "
             f"<span class='muted'>{html.escape(part['source'])}</span>: "
-            f"{part['num_clients']} clients, {html.escape(part['kind'])} split. "
+            f"{_number(part['num_clients'])} clients, {html.escape(part['kind'])} split. "
             f"Samples per client: min {sizes.min()}, median {int(np.median(sizes))}, max {sizes.max()}. "
             f"Classes per client: min {classes.min()}, median {int(np.median(classes))}, "
             f"max {classes.max()}.{_held_out_note(part)}</p>",
@@ -108,7 +110,7 @@ def write_report(rundir: RunDir) -> Path:
             "Liu, ICML 2025). The centralized twin takes as many gradient steps as each client, on the "
             "pooled data, from the same initial weights.</p>",
             table(
-                ["", f"round {rows[-1]['round']}"],
+                ["", f"round {rows[-1]['round']}"],  # table() escapes every cell
                 [[k, _number(rows[-1][k])] for k in lazy.COLUMNS if rows[-1].get(k) is not None],
             ),
             *(image(images[k]) for k in ("analysis", "centralized") if k in images),
@@ -118,23 +120,24 @@ def write_report(rundir: RunDir) -> Path:
         parts += [
             "<h2>Each client's own model (FedBN)</h2>",
             f'<p>BatchNorm statistics stay with the clients (<code>model.buffers = "local"</code>). '
-            f"In round {last['round']}, the {last['local_clients']} clients that hold statistics, each "
+            f"In round {_number(last['round'])}, the {_number(last.get('local_clients'))} clients that hold "
+            "statistics, each "
             f"with the global weights and its own statistics on the held-out set weighted like its own "
             f"labels: mean {html.escape(metric)} {_number(last[f'local_{metric}'])}, mean loss "
-            f"{_number(last['local_loss'])}. The global model above uses the server's initial "
+            f"{_number(last.get('local_loss'))}. The global model above uses the server's initial "
             "statistics.</p>",
         ]
     if "clients" in images:
         parts += _client_section(rows, metric, images["clients"])
     if rows[-1].get("epsilon") is not None:
         parts += ["<h2>Privacy</h2>", _privacy(rows[-1], rundir)]
-    events = RunDir.read_jsonl(rundir.events)
+    events = rundir.read_jsonl(rundir.events)
     if events:
         parts += [
             "<h2>Rejected updates, failed clients and skipped rounds</h2>",
             table(
                 ["round", "client", "event", "reason"],
-                [[e["round"], e["client"], e["event"], e["reason"]] for e in events[:200]],
+                [[e.get("round"), e.get("client"), e.get("event"), e.get("reason")] for e in events[:200]],
                 99,
             ),
         ]
@@ -142,25 +145,25 @@ def write_report(rundir: RunDir) -> Path:
         "<h2>Metrics</h2>",
         _metrics_table(rows, metric),
         "<h2>Config</h2>",
-        f"<pre>{html.escape(rundir.config.read_text())}</pre>",
+        f"<pre>{html.escape(rundir.read_text(rundir.config))}</pre>",
     ]
-    return page(rundir.report, f"taciturn: {rundir.path.name}", parts)
+    return page(rundir.fs, "report.html", f"taciturn: {rundir.path.name}", parts)
 
 
 def _privacy(last: dict, rundir: RunDir) -> str:
     """The privacy paragraph: epsilon and what it means, or, with reproducible noise, that the run
     is not private (its epsilon is what the mechanism would cost with secret noise)."""
     try:
-        record = json.loads(rundir.info.read_text()).get("privacy") or {}
-    except (OSError, ValueError, AttributeError):
+        record = rundir.read_info().get("privacy") or {}
+    except (OSError, AttributeError):
         record = {}
     if not isinstance(last["epsilon"], int | float):  # "not private: reproducible noise"
         return (
             f'<p style="color:#b00;font-weight:bold">{html.escape(str(last["epsilon"]))}. The noise came '
             "from the run seed (<code>[privacy] reproducible_noise = true</code>), which anyone with the "
             "config can regenerate and subtract: this run releases its clients' updates. Nominal "
-            f"epsilon {_number(last.get('nominal_epsilon'))} after round {last['round']} is what the "
-            "mechanism would cost with secret noise.</p>"
+            f"epsilon {_number(last.get('nominal_epsilon'))} after round {_number(last['round'])} is "
+            "what the mechanism would cost with secret noise.</p>"
         )
     if record.get("mode") == "local":
         return (
@@ -171,7 +174,7 @@ def _privacy(last: dict, rundir: RunDir) -> str:
         )
     return (
         f"<p>Client-level differential privacy: epsilon = {last['epsilon']:.4g} after round "
-        f"{last['round']}, at the delta of <code>[privacy]</code> (dp-accounting; per round in "
+        f"{_number(last['round'])}, at the delta of <code>[privacy]</code> (dp-accounting; per round in "
         "the metrics below). Noise from the OS CSPRNG.</p>"
     )
 
@@ -187,7 +190,7 @@ def _held_out_note(part: dict) -> str:
     )
 
 
-def _client_section(rows: list[dict], metric: str, plot: Path) -> list[str]:
+def _client_section(rows: list[dict], metric: str, plot: Png) -> list[str]:
     """[eval] clients: the global model on sampled clients' own held-out splits, the last evaluation's
     distribution in numbers and every evaluation's in the plot."""
     from taciturn.report.plots import client_rows
@@ -209,8 +212,8 @@ def _client_section(rows: list[dict], metric: str, plot: Path) -> list[str]:
         "<h2>Each client's own held-out data</h2>",
         f"<p>At every evaluation, a sample of clients scores the global model on its own held-out split "
         f"(<code>[eval] clients</code>; those samples are never trained on). Round {_number(last['round'])}: "
-        f"{html.escape(_number(last.get('eval_clients')))} clients, "
-        f"{html.escape(_number(last.get('eval_samples')))} held-out samples, {html.escape(metric)}:</p>",
+        f"{_number(last.get('eval_clients'))} clients, "
+        f"{_number(last.get('eval_samples'))} held-out samples, {html.escape(metric)}:</p>",
         table(["", "value"], numbers),
         image(plot),
     ]
@@ -219,12 +222,11 @@ def _client_section(rows: list[dict], metric: str, plot: Path) -> list[str]:
 def _run_facts(rundir: RunDir) -> list[list]:
     """Where the run trained, whether it stopped early, and the best model it kept (run.json, best/)."""
     facts: list[list] = []
+    info = rundir.read_info()
     try:
-        info = json.loads(rundir.info.read_text()) if rundir.info.exists() else {}
-        kept = rundir.path / "best" / "best.json"
-        best = json.loads(kept.read_text()) if kept.is_file() else None
+        best = json.loads(rundir.read_text(BEST_RECORD)) if rundir.has(BEST_RECORD) else None
     except ValueError:
-        return facts
+        best = None
     if isinstance(info, dict) and isinstance(info.get("device"), str):
         facts.append(["device", info["device"]])
     stopped = info.get("stopped") if isinstance(info, dict) else None
@@ -280,15 +282,20 @@ def _metrics_table(rows: list[dict], metric: str = "accuracy") -> str:
 
 
 def _number(value: object) -> str:
-    return f"{value:.4g}" if isinstance(value, int | float) and not isinstance(value, bool) else str(value)
+    """A number as text, or anything else escaped (the files a report reads may have been edited)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:.4g}"
+    return html.escape(str(value))
 
 
-def page(path: Path, title: str, parts: list[str]) -> Path:
-    path.write_text(
+def page(folder: Folder, rel: str, title: str, parts: list[str]) -> Path:
+    """Write the page ``rel`` into ``folder`` (core/folder.py: never through a link)."""
+    folder.write_text(
+        rel,
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>"
+        f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>",
     )
-    return path
+    return folder.where(rel)
 
 
 def write_comparison(rundirs: list[RunDir], out: Path, note: str = "") -> Path:
@@ -296,29 +303,31 @@ def write_comparison(rundirs: list[RunDir], out: Path, note: str = "") -> Path:
     for what they reach), then against rounds. ``note``: a sentence shown under the first plot."""
     from taciturn.report import plots
 
-    out.mkdir(parents=True, exist_ok=True)
+    folder = as_folder(out)
     labels = _labels(rundirs)
     metric = rundirs[0].primary_metric()
     columns = plots.metric_keys(metric)
     series = [(label, r.numeric_metrics(columns)) for label, r in zip(labels, rundirs, strict=True)]
-    acc = plots.accuracy_vs_round(series, out / "accuracy_vs_round.png", metric)
-    comm = plots.accuracy_vs_bytes(series, out / "accuracy_vs_bytes.png", metric)
+    acc = plots.accuracy_vs_round(series, folder, "accuracy_vs_round.png", metric)
+    comm = plots.accuracy_vs_bytes(series, folder, "accuracy_vs_bytes.png", metric)
     keys = list(summary(series[0][1], metric))
     overview = table(["run", *keys], [[label, *summary(rows, metric).values()] for label, rows in series])
     configs = "".join(
-        f"<details><summary>{html.escape(label)}</summary><pre>{html.escape(r.config.read_text())}</pre></details>"
+        f"<details><summary>{html.escape(label)}</summary><pre>{html.escape(r.read_text(r.config))}</pre>"
+        "</details>"
         for label, r in zip(labels, rundirs, strict=True)
     )
-    (out / "summary.json").write_text(
-        json.dumps({label: summary(rows, metric) for label, rows in series}, indent=1)
+    folder.write_text(
+        "summary.json", json.dumps({label: summary(rows, metric) for label, rows in series}, indent=1)
     )
     links = " · ".join(
         f"<a href='{html.escape(os.path.relpath(r.report, out))}'>{html.escape(label)}</a>"
         for label, r in zip(labels, rundirs, strict=True)
-        if r.report.exists()
+        if r.has(r.report)
     )
     return page(
-        out / "report.html",
+        folder,
+        "report.html",
         "taciturn comparison",
         [
             "<h1>taciturn comparison</h1>",

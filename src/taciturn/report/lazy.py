@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from taciturn.report.figures import save
+from taciturn.core.folder import Folder
+from taciturn.report.figures import Png, save
 
 # column -> (panel title, y label); all are distances, shown on log axes
 DISTANCES = {
@@ -28,10 +27,10 @@ def has_analysis(rows: list[dict]) -> bool:
     return any(key in row for row in rows for key in DISTANCES)
 
 
-def analysis_plots(rows: list[dict], folder: Path) -> dict[str, Path]:
+def analysis_plots(rows: list[dict], folder: Folder, below: str) -> dict[str, Png]:
     """``analysis.png`` (distances vs round, log scale) and, with a centralized twin,
     ``centralized.png`` (FedAvg and centralized test loss and accuracy vs round)."""
-    made: dict[str, Path] = {}
+    made: dict[str, Png] = {}
     keys = [k for k in DISTANCES if any(row.get(k) is not None for row in rows)]
     if keys:
         cols = min(3, len(keys))
@@ -46,7 +45,7 @@ def analysis_plots(rows: list[dict], folder: Path) -> dict[str, Path]:
             ax.grid(alpha=0.3, which="both")
         for ax in fig.axes[len(keys) :]:
             ax.axis("off")
-        made["analysis"] = save(fig, folder / "analysis.png")
+        made["analysis"] = save(fig, folder, f"{below}/analysis.png")
     if any("centralized_loss" in row for row in rows):
         fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.8))
         rounds = [r["round"] for r in rows]
@@ -61,5 +60,5 @@ def analysis_plots(rows: list[dict], folder: Path) -> dict[str, Path]:
         for ax in (ax_loss, ax_acc):
             ax.grid(alpha=0.3)
             ax.legend()
-        made["centralized"] = save(fig, folder / "centralized.png")
+        made["centralized"] = save(fig, folder, f"{below}/centralized.png")
     return made

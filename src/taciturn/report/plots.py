@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 from collections import defaultdict
-from pathlib import Path
 
 import matplotlib
 
@@ -12,7 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from taciturn.report.figures import save
+from taciturn.core.folder import Folder
+from taciturn.report.figures import Png, save
 from taciturn.report.lazy import analysis_plots, has_analysis
 from taciturn.report.rundir import RunDir, RunDirError
 
@@ -27,11 +27,12 @@ def metric_keys(metric: str) -> tuple[str, ...]:
     )
 
 
-def bytes_per_round(ledger: Path) -> dict[str, dict[int, int]]:
-    """{'up': {round: bytes sent}, 'down': {...}} from a ledger file."""
+def bytes_per_round(rundir: RunDir) -> dict[str, dict[int, int]]:
+    """{'up': {round: bytes sent}, 'down': {...}} from a run's ledger."""
     totals: dict[str, dict[int, int]] = {"up": defaultdict(int), "down": defaultdict(int)}
-    if ledger.exists():
-        with ledger.open(newline="") as f:
+    ledger = rundir.ledger
+    if rundir.has(ledger):
+        with rundir.fs.open(rundir.rel(ledger), newline="") as f:
             for number, row in enumerate(csv.DictReader(f), 2):
                 try:
                     totals[row["direction"]][int(row["round"])] += int(row["bytes_sent"])
@@ -42,7 +43,7 @@ def bytes_per_round(ledger: Path) -> dict[str, dict[int, int]]:
     return totals
 
 
-def accuracy_vs_round(series: Series, path: Path, metric: str = "accuracy") -> Path:
+def accuracy_vs_round(series: Series, folder: Folder, rel: str, metric: str = "accuracy") -> Png:
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10, 3.8))
     for label, rows in series:
         rounds = [r["round"] for r in rows]
@@ -54,10 +55,10 @@ def accuracy_vs_round(series: Series, path: Path, metric: str = "accuracy") -> P
         ax.grid(alpha=0.3)
     if len(series) > 1:
         ax_acc.legend()
-    return save(fig, path)
+    return save(fig, folder, rel)
 
 
-def accuracy_vs_bytes(series: Series, path: Path, metric: str = "accuracy") -> Path:
+def accuracy_vs_bytes(series: Series, folder: Folder, rel: str, metric: str = "accuracy") -> Png:
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for label, rows in series:
         total = [(r["bytes_up"] + r["bytes_down"]) / 1e6 for r in rows]
@@ -68,11 +69,11 @@ def accuracy_vs_bytes(series: Series, path: Path, metric: str = "accuracy") -> P
     ax.grid(alpha=0.3)
     if len(series) > 1:
         ax.legend()
-    return save(fig, path)
+    return save(fig, folder, rel)
 
 
-def traffic_per_round(ledger: Path, path: Path) -> Path:
-    totals = bytes_per_round(ledger)
+def traffic_per_round(rundir: RunDir, rel: str) -> Png:
+    totals = bytes_per_round(rundir)
     rounds = sorted(set(totals["up"]) | set(totals["down"]))
     up = np.array([totals["up"].get(r, 0) for r in rounds]) / 1e6
     down = np.array([totals["down"].get(r, 0) for r in rounds]) / 1e6
@@ -81,10 +82,10 @@ def traffic_per_round(ledger: Path, path: Path) -> Path:
     ax.bar(rounds, up, bottom=down, label="up (clients to server)", color="tab:orange", width=1.0)
     ax.set(xlabel="round", ylabel="MB sent", title="Bytes per round")
     ax.legend()
-    return save(fig, path)
+    return save(fig, rundir.fs, rel)
 
 
-def partition_histogram(partition: dict, path: Path) -> Path:
+def partition_histogram(partition: dict, folder: Folder, rel: str) -> Png:
     """Samples per client and class as a heat map (one column per client; fast for 10,000 clients)."""
     hist = np.array(partition["histogram"])
     fig, ax = plt.subplots(figsize=(10, 3.4))
@@ -93,7 +94,7 @@ def partition_histogram(partition: dict, path: Path) -> Path:
     ax.set(xlabel="client", ylabel="class", title=f"Samples per client and class: {partition['kind']}")
     if hist.shape[1] <= 20:
         ax.set_yticks(range(hist.shape[1]))
-    return save(fig, path)
+    return save(fig, folder, rel)
 
 
 def client_rows(rows: list[dict], metric: str) -> list[dict]:
@@ -107,7 +108,7 @@ def client_rows(rows: list[dict], metric: str) -> list[dict]:
     ]
 
 
-def client_distribution(rows: list[dict], metric: str, path: Path) -> Path:
+def client_distribution(rows: list[dict], metric: str, folder: Folder, rel: str) -> Png:
     """The global model on each evaluated client's own held-out split, per round: every client's
     value (dots), the 10th-90th percentile band, the median, the weighted and unweighted means."""
     rows = client_rows(rows, metric)
@@ -136,22 +137,23 @@ def client_distribution(rows: list[dict], metric: str, path: Path) -> Path:
     )
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", loc="best")
-    return save(fig, path)
+    return save(fig, folder, rel)
 
 
-def run_plots(rundir: RunDir) -> dict[str, Path]:
+def run_plots(rundir: RunDir) -> dict[str, Png]:
     metric = rundir.primary_metric()
     rows = rundir.numeric_metrics(metric_keys(metric))
     series = [(rundir.path.name, rows)]
+    fs = rundir.fs
     plots = {
-        "accuracy": accuracy_vs_round(series, rundir.plots / "accuracy_vs_round.png", metric),
-        "bytes": accuracy_vs_bytes(series, rundir.plots / "accuracy_vs_bytes.png", metric),
-        "traffic": traffic_per_round(rundir.ledger, rundir.plots / "bytes_per_round.png"),
+        "accuracy": accuracy_vs_round(series, fs, "plots/accuracy_vs_round.png", metric),
+        "bytes": accuracy_vs_bytes(series, fs, "plots/accuracy_vs_bytes.png", metric),
+        "traffic": traffic_per_round(rundir, "plots/bytes_per_round.png"),
     }
-    if rundir.partition.exists():
-        plots["partition"] = partition_histogram(rundir.read_partition(), rundir.plots / "partition.png")
+    if rundir.has(rundir.partition):
+        plots["partition"] = partition_histogram(rundir.read_partition(), fs, "plots/partition.png")
     if has_analysis(rows):
-        plots |= analysis_plots(rows, rundir.plots)
+        plots |= analysis_plots(rows, fs, "plots")
     if client_rows(rows, metric):
-        plots["clients"] = client_distribution(rows, metric, rundir.plots / "client_distribution.png")
+        plots["clients"] = client_distribution(rows, metric, fs, "plots/client_distribution.png")
     return plots
