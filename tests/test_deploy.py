@@ -65,10 +65,17 @@ def test_deployed_run_equals_its_simulation(tmp_path, algorithm):
     assert [{k: r[k] for k in payload} for r in carried] == [
         {k: r[k] for k in payload} for r in ledger(simulated)
     ]
-    # every Flower message crossed the wire, and each is its payload plus a small frame
+    # one Flower message a node a round, for all its picked clients; every message crossed the
+    # wire, its size split over its clients: each its payload plus a share of a small frame
     wire = {(int(r["round"]), int(r["client"]), r["direction"]): r for r in ledger(deployed)}
     trains = [m for m in grid.requests if m.metadata.message_type == protocol.TRAIN]
-    assert len(trains) == sum(1 for (_, _, d) in wire if d == "down")
+    hosts = {c: n for n, clients in enumerate(HOSTS, start=1) for c in clients}
+    busy = {(r, hosts[c]) for (r, c, d) in wire if d == "down"}
+    assert len(trains) == len(busy)
+    for request in trains:
+        carried = protocol.read_request(request.content)
+        shares = [int(wire[(carried.round, c, "down")]["wire_bytes"]) for c in carried.clients]
+        assert sum(shares) == protocol.wire_size(request)
     for row in wire.values():
         assert int(row["bytes_sent"]) < int(row["wire_bytes"]) < int(row["bytes_sent"]) + 1024
     assert all(int(r["wire_bytes"]) == 0 for r in ledger(simulated))
@@ -78,9 +85,9 @@ def test_event_admm_sends_empty_messages_when_its_triggers_stay_silent(tmp_path)
     config = tiny_config(rounds=4, algorithm=ALGORITHMS["event_admm"])
     deployed, grid = deploy(config, tmp_path)
     requests = [protocol.read_request(m.content) for m in grid.requests if m.metadata.message_type == "train"]
-    no_model = [r for r in requests if not r.payload]
-    assert no_model and all(r.round > 1 for r in no_model)  # round 1 always syncs z
-    silent_down = {(str(r.round), str(r.client)) for r in no_model}
+    no_model = [(r.round, c) for r in requests for c, p in zip(r.clients, r.payloads, strict=True) if not p]
+    assert no_model and all(round > 1 for round, _ in no_model)  # round 1 always syncs z
+    silent_down = {(str(round), str(client)) for round, client in no_model}
     down_rows = {(r["round"], r["client"]): r for r in ledger(deployed) if r["direction"] == "down"}
     for key in silent_down:  # a frame crossed the wire, no payload was counted
         assert down_rows[key]["bytes_sent"] == "0" and int(down_rows[key]["wire_bytes"]) > 0
@@ -101,13 +108,16 @@ def dropped_uplinks(config) -> set[tuple[int, int]]:
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
 def test_a_lost_reply_is_a_dropped_uplink(tmp_path, algorithm):
-    """Lose exactly the replies the simulation's Channel drops: the model trains identically, and
-    SCAFFOLD's clients whose reply was lost keep their state (the acceptance rule on both sides)."""
+    """Lose exactly the replies the simulation's Channel drops (one client a node, so a node's
+    reply is its client's): the model trains identically, and SCAFFOLD's clients whose reply was
+    lost keep their state (the acceptance rule on both sides)."""
     lossy = tiny_config(rounds=5, algorithm=ALGORITHMS[algorithm], channel={"drop_up": 0.3})
     lost = dropped_uplinks(lossy)
     assert 0 < len(lost) < 10
     simulated = start(lossy, tmp_path / "simulated", progress=False)
-    deployed, _ = deploy(tiny_config(rounds=5, algorithm=ALGORITHMS[algorithm]), tmp_path, lose=lost)
+    config = tiny_config(rounds=5, algorithm=ALGORITHMS[algorithm])
+    grid = InProcessGrid(config, [[c] for c in range(8)], tmp_path / "nodes", lost)
+    deployed = run_deployed(grid, ServerSettings(config, tmp_path / "deployed", False, 1.0))
     traffic = ("bytes_up", "bytes_down", "messages_up", "delivered_up", "delivered_down", "wall_s")
     assert rows(deployed, traffic) == rows(simulated, traffic)
     down = {(int(r["round"]), int(r["client"])): r for r in ledger(deployed) if r["direction"] == "down"}
@@ -251,7 +261,12 @@ def test_a_node_down_for_two_rounds_catches_up_with_its_persisted_state(tmp_path
         for m in grid.requests
         if m.metadata.message_type == "train"
     ]
-    back = {r.client: (node, r.accepted) for node, r in trains if r.round == 4 and r.client in (3, 4, 5)}
+    back = {
+        c: (node, accepted)
+        for node, r in trains
+        for c, accepted in zip(r.clients, r.accepted, strict=True)
+        if r.round == 4 and c in (3, 4, 5)
+    }
     assert back == {3: (102, 1), 4: (102, 1), 5: (102, 1)}  # the new node, told round 1 was accepted
 
     # it trained round 4 from its round-1 state, and that is the state a node that never went
@@ -347,7 +362,7 @@ def test_a_resumed_server_loses_nothing(tmp_path, algorithm):
     grid = InProcessGrid(config, HOSTS, tmp_path / "nodes")
     resumed = run_deployed(grid, dataclasses.replace(settings, resume=True))
     trains = [protocol.read_request(m.content) for m in grid.requests if m.metadata.message_type == "train"]
-    assert trains[0].round == 3 and trains[0].kept > 0  # round 3 again, naming the checkpoint's states
+    assert trains[0].round == 3 and max(trains[0].kept) > 0  # round 3 again, naming the checkpoint's states
 
     steady = run_deployed(
         InProcessGrid(config, HOSTS, tmp_path / "steady"), ServerSettings(config, tmp_path / "s", False, 5.0)
@@ -385,9 +400,9 @@ def test_a_node_whose_data_splits_otherwise_is_left_out(tmp_path, caplog):
 
 
 def test_a_query_reply_names_each_client_with_its_size():
-    reply = protocol.query_reply({3: 40, 5: 0})
-    assert protocol.read_query_reply(reply) == {3: 40, 5: 0}
-    bad = protocol.query_reply({3: 40})
+    reply = protocol.query_reply(protocol.Hosted("0.1.0", {3: 40, 5: 0}))
+    assert protocol.read_query_reply(reply) == protocol.Hosted("0.1.0", {3: 40, 5: 0})
+    bad = protocol.query_reply(protocol.Hosted("0.1.0", {3: 40}))
     bad[protocol.RECORD]["sizes"] = [40, 2]
     with pytest.raises(CodecError, match="1 clients and 2 sizes"):
         protocol.read_query_reply(bad)

@@ -6,7 +6,7 @@ flat in the number of clients and lets executors share the data between processe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -49,6 +49,14 @@ class FederatedData(ClientSlices):
         if len(order) != len(dataset.y_train) or len(np.unique(order)) != len(order):
             raise ValueError("a partition must assign every training sample to exactly one client")
         return cls(dataset, np.concatenate([[0], np.cumsum(sizes)]), order)
+
+    def to(self, device: torch.device) -> FederatedData:
+        """The same clients with the dataset's tensors on ``device``."""
+        if self.dataset.x_train.device == device:
+            return self
+        names = ("x_train", "y_train", "x_test", "y_test")
+        dataset = replace(self.dataset, **{k: getattr(self.dataset, k).to(device) for k in names})
+        return replace(self, dataset=dataset)
 
     def batch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.from_numpy(indices).to(

@@ -48,7 +48,7 @@ class InProcessGrid(Grid):
             | (node_data or {}).get(node, {})
             for node, clients in enumerate(hosts, start=1)
         }
-        self.lose = set(lose)  # (round, client) whose train reply never arrives
+        self.lose = set(lose)  # (round, client): the reply carrying that client's uplink never arrives
         self.outages = dict(outages or {})  # node -> (first, last) round it is down; then a new id
         self.round = 0  # the executor asks for the nodes once at the start of each round
         self.stop_in = stop_in  # the round (counted from this grid's first) in which the server dies
@@ -95,8 +95,8 @@ class InProcessGrid(Grid):
                 and message.metadata.message_type == protocol.TRAIN
             ):
                 request = protocol.read_request(message.content)
-                if (request.round, request.client) in self.lose:
-                    continue
+                if any((request.round, client) in self.lose for client in request.clients):
+                    continue  # the node's reply, for all the clients it carries
             self.replies[message.object_id] = reply
         if self.round == self.stop_in:
             raise ServerStopped(f"the server stopped in round {self.round}, its requests served")

@@ -34,6 +34,7 @@ from taciturn.data.partition import partition
 from taciturn.engine.analysis import Analysis, TwinState
 from taciturn.engine.federation import Federation, RoundReport
 from taciturn.experiments import checkpoint, memory
+from taciturn.experiments.clients import ClientsSetup, on_server, simulated
 from taciturn.experiments.config import ConfigError, RunConfig, load_config, to_toml
 from taciturn.experiments.engine_setup import DEPLOYED, ExecutorFactory, build_federation, start_ray
 from taciturn.experiments.export import model_record
@@ -55,6 +56,7 @@ from taciturn.tasks import squared_error
 from taciturn.tasks.base import ClientData, Task
 from taciturn.tasks.classification import ClassificationTask
 from taciturn.tasks.custom import CustomTask
+from taciturn.tasks.federated_eval import SiloEvaluation
 from taciturn.tasks.models import build_model
 
 if TYPE_CHECKING:  # the optional extra 'ray'
@@ -98,10 +100,14 @@ class Experiment:
 
 
 def build_task(
-    config: RunConfig, streams: Streams, objects: UserObjects | None = None
+    config: RunConfig,
+    streams: Streams,
+    objects: UserObjects | None = None,
+    clients: ClientsSetup | None = None,
 ) -> tuple[Task, ClientData]:
     """The task (model, loss, evaluation) and the federated training data a config asks for;
-    ``objects``: the model, data, loss and metrics given to ``taciturn.run`` as Python objects."""
+    ``objects``: the model, data, loss and metrics given to ``taciturn.run`` as Python objects;
+    ``clients``: per-client data as a deployment sees it (experiments/clients.py; None: read here)."""
     device = _device(config)
     if config.model.kind == "causal_lm":
         from taciturn.experiments.language import build_language_task
@@ -109,23 +115,27 @@ def build_task(
         return build_language_task(config, streams)
     objects = objects or UserObjects()
     require_objects(config, objects)
-    dataset = _dataset(config, streams, objects)
-    if dataset.num_classes == 0 and config.partition.kind not in ("iid", "natural"):
-        raise ConfigError(
-            f"[partition.kind] '{config.partition.kind}' splits by class, but the targets are not class "
-            "labels: use partition.kind = 'iid'"
+    if config.data.dataset == "clients":  # each client's own data: nothing to partition
+        clients = clients or simulated(config)
+        dataset, data = on_device(clients.probe, device), clients.data.to(device)
+    else:
+        dataset = _dataset(config, streams, objects)
+        if dataset.num_classes == 0 and config.partition.kind not in ("iid", "natural"):
+            raise ConfigError(
+                f"[partition.kind] '{config.partition.kind}' splits by class, but the targets are not "
+                "class labels: use partition.kind = 'iid'"
+            )
+        part_options = config.partition.model_dump(exclude={"kind", "num_clients", "column"})
+        parts = partition(
+            dataset.y_train.numpy(),
+            config.partition.kind,
+            config.partition.num_clients,
+            streams.numpy(0, SERVER, "partition"),
+            groups=dataset.groups,
+            **part_options,
         )
-    part_options = config.partition.model_dump(exclude={"kind", "num_clients", "column"})
-    parts = partition(
-        dataset.y_train.numpy(),
-        config.partition.kind,
-        config.partition.num_clients,
-        streams.numpy(0, SERVER, "partition"),
-        groups=dataset.groups,
-        **part_options,
-    )
-    dataset = on_device(dataset, device)
-    data = FederatedData.from_parts(dataset, parts)
+        dataset = on_device(dataset, device)
+        data = FederatedData.from_parts(dataset, parts)
     loss = user_loss(config, objects)
     squared = config.loss == "mse"
     if dataset.num_classes == 0:
@@ -166,6 +176,8 @@ def build_task(
             )
     except ValueError as error:  # a model taciturn cannot federate (see tasks/classification.py)
         raise ConfigError(f"[model] {error}") from None
+    if clients is not None:
+        task = SiloEvaluation(task, clients.evaluate, clients.note)
     return task, data
 
 
@@ -267,7 +279,9 @@ def _prepare(
     ray_workers: RayWorkers | None,
 ) -> Experiment:
     streams = Streams(config.seed)
-    task, data = build_task(config, streams, objects)
+    # a deployed server of per-client data learns the clients' sizes and shapes from the nodes
+    clients = on_server(config, remote) if remote is not None and config.data.dataset == "clients" else None
+    task, data = build_task(config, streams, objects, clients)
     if config.attack.active and config.attack.kind == "label_flip":
         if not isinstance(data, FederatedData):
             raise ConfigError("[attack] label_flip needs a classification dataset")
@@ -340,6 +354,8 @@ def build_accountant(config: RunConfig, num_clients: int) -> Any:
 
 def _write_partition(exp: Experiment) -> None:
     hist = exp.data.histogram()
+    if hist is None:  # a deployed server of per-client data: the labels stay on the nodes
+        return
     exp.rundir.partition.write_text(
         json.dumps(
             {
@@ -380,6 +396,9 @@ def start(
         exp = prepare(config, out, objects=objects, remote=remote)  # all that can fail on config or data
         rundir.reset(to_toml(config))
         info = {"primary_metric": exp.task.primary_metric, "engine": exp.engine_note}
+        if note := getattr(exp.task, "evaluation", None):  # per-client data: where the model is evaluated
+            sizes = [exp.data.client_size(c) for c in range(exp.data.num_clients)]
+            info |= {"evaluation": note, "client_sizes": sizes}
         rundir.info.write_text(json.dumps(info | model_record(exp.task, exp.data)))
         _write_partition(exp)
         params = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))
