@@ -47,13 +47,17 @@ class Processes:
             "FLWR_TELEMETRY_ENABLED": "0",  # nothing leaves loopback
         }
 
-    def start(self, name: str, runtime_port: int, *args: str) -> subprocess.Popen:
-        """Start ``args``; ``runtime_port`` is the port its helpers reach it on (--port)."""
+    def start(
+        self, name: str, runtime_port: int, *args: str, netns: str | None = None, cwd=None, env=None
+    ) -> subprocess.Popen:
+        """Start ``args`` (in network namespace ``netns``, folder ``cwd``, with ``env`` added);
+        ``runtime_port`` is the port its helpers reach it on (--port)."""
         starts = len(list(self.logs.glob(f"{name}.*log")))
         with (self.logs / f"{name}.{starts}.log").open("w") as log:
             proc = subprocess.Popen(
-                [str(BIN / args[0]), *args[1:]],
-                env=self.env,
+                self._command(args, netns),
+                env={**self.env, **(env or {})},
+                cwd=cwd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -61,10 +65,22 @@ class Processes:
         self.procs[name] = (proc, runtime_port)
         return proc
 
-    def run(self, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    def run(
+        self, *args: str, timeout: float, netns: str | None = None, cwd=None, env=None
+    ) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [str(BIN / args[0]), *args[1:]], env=self.env, capture_output=True, text=True, timeout=timeout
+            self._command(args, netns),
+            env={**self.env, **(env or {})},
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
+
+    @staticmethod
+    def _command(args, netns: str | None) -> list[str]:
+        command = [str(BIN / args[0]), *args[1:]]
+        return command if netns is None else ["ip", "netns", "exec", netns, *command]  # ip execs it: same pid
 
     def log(self, name: str) -> str:
         """Everything ``name`` wrote, over all its starts."""

@@ -74,8 +74,10 @@ def test_a_silo_federation_trains_on_each_nodes_own_data_and_equals_its_simulati
     simulated = start(config("silo", files[0].parent), tmp_path / "simulated", progress=False)
 
     got, expected = rows(deployed), rows(simulated)
-    assert len(got) == 2 and all(close_enough(a, b) for a, b in zip(got, expected, strict=True)), (got, expected)
-    assert all(row["eval_on"] == "clients" and row["eval_samples"] == sum(n // 2 for n in SIZES) for row in got)
+    assert len(got) == 2, got
+    assert all(close_enough(a, b) for a, b in zip(got, expected, strict=True)), (got, expected)
+    held_out = sum(n // 2 for n in SIZES)
+    assert all(row["eval_on"] == "clients" and row["eval_samples"] == held_out for row in got)
     info = json.loads(deployed.info.read_text())
     assert info["client_sizes"] == list(SIZES) and info["evaluation"].startswith("federated")
     assert not deployed.partition.exists()  # the clients' labels never reached the server

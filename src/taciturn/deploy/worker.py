@@ -8,7 +8,9 @@ runtime API (``AcquireTask``) as Flower's SuperExec does. This worker is that pr
 keeps what client_app.py builds (the run's model, the node's data) in memory, and serves every
 task in turn with Flower's own runtime API client and task protocol, as ``flwr-clientapp`` does
 (flwr/supernode/runtime/run_clientapp.py: pull the task input, call the ClientApp, push the reply,
-push the task's output). The transport is Flower's; nothing of it is taciturn's.
+push the task's output). The transport is Flower's; nothing of it is taciturn's. Flower 1.42's
+SuperNode still polls the SuperLink every 3 s while it has nothing to do, which bounds how short a
+deployed round can be whatever runs the ClientApp.
 
 It runs taciturn's ClientApp only: a run whose app folder names another ClientApp is answered with
 an error, so a node started this way never imports code a run names.
@@ -18,18 +20,32 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import httpx
 from flwr.app import Error, Message
 from flwr.common.config import get_fab_config
 from flwr.common.constant import ErrorCode, SubStatus
-from flwr.proto.runtime_pb2 import AcquireTaskRequest, SendTaskHeartbeatRequest  # pylint: disable=E0611
+from flwr.common.serde import context_from_proto, fab_from_proto
+from flwr.proto.node_pb2 import Node  # pylint: disable=E0611
+from flwr.proto.runtime_pb2 import (  # pylint: disable=E0611
+    AcquireTaskRequest,
+    PullAppMessagesRequest,
+    PullTaskInputRequest,
+    SendTaskHeartbeatRequest,
+)
 from flwr.supercore.constant import TaskType
 from flwr.supercore.heartbeat import HeartbeatSender
+from flwr.supercore.inflatable.inflatable_protobuf_utils import (
+    make_confirm_message_received_fn_protobuf,
+    make_pull_object_fn_protobuf,
+)
+from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
 from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
 from flwr.supercore.retry import RetryInvoker, exponential
 from flwr.supercore.runtime import RuntimeHttpClient
-from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
+from flwr.supercore.task_identity import TaskIdentity
+from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
 from taciturn.deploy import client_app
 from taciturn.deploy.settings import DeployError
@@ -94,7 +110,7 @@ def serve_task(address: str, token: str) -> None:
     message = reply = context = None
     status, details = SubStatus.FAILED, "the ClientApp failed"
     try:
-        message, context, _, fab = pull_task_input(client)
+        message, context, fab = task_input(client)
         reply = clientapp_of(fab)(message=message, context=context)
         status, details = SubStatus.COMPLETED, ""
     except Exception as error:  # an error reply, as flwr-clientapp sends: the server sees why
@@ -111,8 +127,34 @@ def serve_task(address: str, token: str) -> None:
         except (httpx.HTTPError, RuntimeError) as error:
             log.error("could not push the reply: %s", error)
         push_task_output(client, context, status, details)
-        beat.stop()
+        if beat.is_running:
+            beat.stop()
         client.close()
+
+
+def task_input(client: RuntimeHttpClient, timeout: float = 60.0):
+    """The task's message, context and FAB, as flwr-clientapp's ``pull_task_input`` gets them, but
+    waiting for the message: a SuperNode creates a task before it stores the task's message, and a
+    worker that stays up claims tasks faster than a new flwr-clientapp process ever could."""
+    started = client.PullTaskInput(PullTaskInputRequest())
+    TaskIdentity.task_id = started.task_id
+    TaskIdentity.run_id = started.run.run_id
+    TaskIdentity.node_id = started.context.node_id
+    context = context_from_proto(started.context)
+    deadline = time.monotonic() + timeout
+    while not (pulled := client.PullMessages(PullAppMessagesRequest())).messages_list:
+        if time.monotonic() > deadline:
+            raise DeployError(f"the SuperNode gave a task but no message in {timeout:g} s")
+        time.sleep(POLL_S)
+    node, tree = Node(node_id=context.node_id), pulled.message_object_trees[0]
+    message = pull_and_inflate_object_from_tree(
+        tree,
+        make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
+        make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node, context.run_id),
+        return_type=Message,
+    )
+    message.metadata.__dict__["_message_id"] = tree.object_id  # as flwr-clientapp sets it
+    return message, context, fab_from_proto(started.fab)
 
 
 def serve(address: str, stop: threading.Event) -> None:
@@ -128,7 +170,10 @@ def serve(address: str, stop: threading.Event) -> None:
                 stop.wait(0.5)
                 continue
             if claimed.HasField("task") and claimed.token:
-                serve_task(address, claimed.token)
+                try:
+                    serve_task(address, claimed.token)
+                except Exception as error:  # one task's trouble must not end the node's service
+                    log.error("task %d: %s: %s", claimed.task.task_id, type(error).__name__, error)
             else:
                 stop.wait(POLL_S)
     finally:
