@@ -111,6 +111,7 @@ def test_the_walkthrough_across_two_network_namespaces(machines, tmp_path):
             "--host", "0.0.0.0", "--port", str(port),
             netns=server_ns, cwd=server, env=server_home,
         )  # fmt: skip
+
         def register(i: int) -> bool:
             key = f"creds/node-{i}.pub"
             done = processes.run(
