@@ -229,23 +229,85 @@ def test_app_folder_carries_the_config_flower_hands_the_server(tmp_path):
         write_app(tmp_path / "other", tiny_config(channel={"drop_up": 0.1}), tmp_path / "run")
 
 
-def test_test_credentials_chain_to_their_ca(tmp_path):
+def test_the_run_directory_is_resolved_on_the_server_not_where_the_run_was_submitted(tmp_path, monkeypatch):
+    import tomllib
+
+    from taciturn.deploy.app_folder import write_app
+
+    submitter, server = tmp_path / "laptop", tmp_path / "server"
+    submitter.mkdir(), server.mkdir()
+    monkeypatch.chdir(submitter)
+    pyproject = write_app(Path("app"), tiny_config(), Path("runs/x"), min_trained=2, patience=4)
+    flwr = tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"]
+    assert flwr["out"] == "runs/x" and flwr["min-trained"] == 2 and flwr["patience"] == 4
+    monkeypatch.chdir(server)  # the ServerApp runs where the SuperLink was started
+    settings = ServerSettings.from_run_config(flwr)
+    assert settings.out == server / "runs" / "x"
+    assert (settings.min_trained, settings.patience) == (2, 4)
+    with pytest.raises(DeployError, match="patience must be an integer >= 1"):
+        ServerSettings.from_run_config(flwr | {"patience": 0})
+
+
+def _sans(cert):
+    from cryptography import x509
+
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] + names.get_values_for_type(
+        x509.DNSName
+    )
+
+
+def test_credentials_chain_to_a_ca_that_is_kept_and_cover_loopback(tmp_path):
+    """--host 10.77.0.1 only: the certificate also names 127.0.0.1 and localhost, where the
+    SuperLink's own ServerApp connects (else every run stays pending); the CA key is kept (0600),
+    private keys are the owner's only, and the validity is the one asked for."""
+    import datetime
+
     from cryptography import x509
     from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
 
     from taciturn.deploy.certs import make_credentials
 
-    files = make_credentials(tmp_path, hosts=("127.0.0.1", "localhost"), nodes=2)
+    files = make_credentials(tmp_path, hosts=("10.77.0.1",), nodes=2, days=90)
     ca = x509.load_pem_x509_certificate(files["ca.crt"].read_bytes())
     server = x509.load_pem_x509_certificate(files["server.crt"].read_bytes())
     server.verify_directly_issued_by(ca)  # raises if the signature or issuer is wrong
-    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
-    assert names.get_values_for_type(x509.DNSName) == ["localhost"]
+    assert _sans(server) == ["10.77.0.1", "127.0.0.1", "localhost"]
+    lifetime = server.not_valid_after_utc - datetime.datetime.now(datetime.UTC)
+    assert datetime.timedelta(days=89) < lifetime <= datetime.timedelta(days=90)
     for i in (1, 2):
         key = load_ssh_private_key(files[f"node-{i}"].read_bytes(), None)
         assert key.public_key() == load_ssh_public_key(files[f"node-{i}.pub"].read_bytes())
-    assert files["server.key"].stat().st_mode & 0o077 == 0  # private keys readable by their owner only
+    for private in ("ca.key", "server.key", "node-1", "node-2"):  # readable by their owner only
+        assert (tmp_path / private).stat().st_mode & 0o077 == 0
+
+
+def test_a_node_and_a_host_are_added_later_without_rekeying_anyone(tmp_path):
+    from cryptography import x509
+
+    from taciturn.deploy.certs import make_credentials
+
+    make_credentials(tmp_path, hosts=("10.77.0.1",), nodes=2)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert make_credentials(tmp_path, hosts=("10.77.0.1",), nodes=2) == {}  # nothing to do
+    added = make_credentials(tmp_path, hosts=("10.77.0.1", "server.example"), nodes=3)
+    assert sorted(added) == ["node-3", "node-3.pub", "server.crt", "server.key"]
+    for kept in ("ca.crt", "ca.key", "node-1", "node-1.pub", "node-2", "node-2.pub"):
+        assert (tmp_path / kept).read_bytes() == before[kept]  # the nodes need nothing new
+    ca = x509.load_pem_x509_certificate((tmp_path / "ca.crt").read_bytes())
+    server = x509.load_pem_x509_certificate((tmp_path / "server.crt").read_bytes())
+    server.verify_directly_issued_by(ca)
+    assert _sans(server) == ["10.77.0.1", "127.0.0.1", "server.example", "localhost"]
+    assert sorted(make_credentials(tmp_path, hosts=(), nodes=3, renew=True)) == ["server.crt", "server.key"]
+    # a server certificate from another CA is the user's: never replaced
+    other = tmp_path / "other"
+    make_credentials(other, nodes=0)
+    (tmp_path / "server.crt").write_bytes((other / "server.crt").read_bytes())
+    with pytest.raises(DeployError, match="not signed by this folder's CA"):
+        make_credentials(tmp_path, hosts=("new.example",), nodes=3)
+    (tmp_path / "ca.key").unlink()
+    with pytest.raises(DeployError, match=r"without its key ca\.key"):
+        make_credentials(tmp_path, nodes=4)
 
 
 def test_a_node_down_for_two_rounds_catches_up_with_its_persisted_state(tmp_path):
@@ -406,3 +468,132 @@ def test_a_query_reply_names_each_client_with_its_size():
     bad[protocol.RECORD]["sizes"] = [40, 2]
     with pytest.raises(CodecError, match="1 clients and 2 sizes"):
         protocol.read_query_reply(bad)
+
+
+# ----- per-client data: each node its own clients' files, the server none -----
+def silo_files(folder, sizes=(9, 20, 14, 31)):
+    """Four clients' own data of different sizes, one file each (held-out splits of a third)."""
+    import numpy as np
+
+    folder.mkdir()
+    rng = np.random.default_rng(5)
+    for i, n in enumerate(sizes):
+        y = rng.integers(0, 3, n + n // 3)
+        x = (rng.normal(size=(len(y), 6)) + y[:, None]).astype(np.float32)
+        np.savez(folder / f"client-{i}.npz", x_train=x[:n], y_train=y[:n], x_test=x[n:], y_test=y[n:])
+    return sorted(folder.iterdir())
+
+
+def silo_config(path, algorithm="scaffold", **overrides):
+    settings = {
+        "rounds": 3,
+        "data": {"dataset": "clients", "path": str(path)},
+        "partition": {"kind": "given"},
+        "algorithm": ALGORITHMS[algorithm] | {"fraction": 1.0},
+    }
+    return tiny_config(**(settings | overrides))
+
+
+def silo_nodes(tmp_path, files):
+    """Node 1 holds clients 0 and 1 (a folder of two files), node 2 client 2, node 3 client 3."""
+    import shutil
+
+    both = tmp_path / "node1-data"
+    both.mkdir()
+    for f in files[:2]:
+        shutil.copy(f, both / f.name)
+    return [[0, 1], [2], [3]], {
+        1: {"data.path": str(both)},
+        2: {"data.path": str(files[2])},
+        3: {"data.path": str(files[3])},
+    }
+
+
+@pytest.mark.parametrize("algorithm", ["scaffold", "event_admm"])
+def test_a_silo_deployment_equals_its_simulation_and_the_server_reads_no_data(tmp_path, algorithm):
+    files = silo_files(tmp_path / "all")
+    simulated = start(silo_config(tmp_path / "all", algorithm), tmp_path / "simulated", progress=False)
+    hosts, node_data = silo_nodes(tmp_path, files)
+    config = silo_config(tmp_path / "absent-on-the-server", algorithm)
+    grid = InProcessGrid(config, hosts, tmp_path / "nodes", node_data=node_data)
+    deployed = run_deployed(grid, ServerSettings(config, tmp_path / "deployed", False, 5.0))
+    assert rows(deployed) == rows(simulated)
+    assert {r["eval_on"] for r in rows(deployed)} == {"clients"}
+    assert json.loads(deployed.info.read_text())["client_sizes"] == [9, 20, 14, 31]
+    # one train message a node a round, carrying the node's clients (node 1: clients 0 and 1)
+    trains = [m for m in grid.requests if m.metadata.message_type == protocol.TRAIN]
+    assert len(trains) == 3 * 3
+    carried = {m.metadata.dst_node_id: protocol.read_request(m.content).clients for m in trains}
+    assert carried == {1: (0, 1), 2: (2,), 3: (3,)}
+    population = protocol.read_request(trains[0].content).population
+    assert population == (4, 9 + 20 + 14 + 31, 9 + 20 + 14 + 31, 3)  # clients, samples, weights, classes
+
+
+def test_the_census_stops_a_silo_run_before_round_1_and_names_each_problem(tmp_path, monkeypatch):
+    files = silo_files(tmp_path / "all")
+    hosts, node_data = silo_nodes(tmp_path, files)
+    config = silo_config(tmp_path / "absent")
+    settings = ServerSettings(config, tmp_path / "run", False, 5.0)
+
+    def census_error(hosts, node_data) -> str:
+        with pytest.raises(DeployError) as failed:
+            run_deployed(InProcessGrid(config, hosts, tmp_path / "nodes", node_data=node_data), settings)
+        assert not settings.out.exists() or not (settings.out / "metrics.jsonl").exists()
+        return str(failed.value)
+
+    lost = node_data | {3: {"data.path": str(tmp_path / "lost.npz")}}
+    assert "node 3: its ClientApp failed" in census_error(hosts, lost)
+    assert "lost.npz does not exist" in census_error(hosts, lost)
+    twice = [[0, 1], [2], [2]]
+    assert "client 2 is on node 2 and node 3" in census_error(twice, node_data | {3: node_data[2]})
+    gap = [[0, 1], [3]]  # client 2's node is not there
+    assert "[2] are on none" in census_error(gap, {1: node_data[1], 2: node_data[3]})
+    monkeypatch.setattr("taciturn.deploy.client_app.__version__", "9.9.9")  # what the nodes say they run
+    differ = "taciturn versions differ: 9.9.9 on the node, 0.1.0 on the server"
+    assert differ in census_error(hosts, node_data)
+
+
+def test_a_node_refuses_a_server_of_another_version(tmp_path, monkeypatch):
+    import taciturn
+
+    files = silo_files(tmp_path / "all")
+    hosts, node_data = silo_nodes(tmp_path, files)
+    config = silo_config(tmp_path / "absent")
+    monkeypatch.setattr(taciturn, "__version__", "2.0.0")  # the node's installed taciturn
+    with pytest.raises(DeployError, match=r"taciturn versions differ: 2\.0\.0 here, 0\.1\.0 on the server"):
+        run_deployed(
+            InProcessGrid(config, hosts, tmp_path / "nodes", node_data=node_data),
+            ServerSettings(config, tmp_path / "run", False, 5.0),
+        )
+
+
+def test_the_floor_ends_a_run_that_trains_on_too_few(tmp_path):
+    """Node 2 (clients 3, 4, 5) is down from round 2: 5 of 8 clients train. With min-trained 6 the
+    rounds fall short; after patience 2 the run fails naming the rounds and the missing node."""
+    config = tiny_config(rounds=6, algorithm=ALGORITHMS["fedavg"] | {"fraction": 1.0})
+    grid = InProcessGrid(config, HOSTS, tmp_path / "nodes", unavailable={2: 1})
+    floor = ServerSettings(config, tmp_path / "run", False, 5.0, min_trained=6, patience=2)
+    with pytest.raises(DeployError) as failed:
+        run_deployed(grid, floor)
+    message = str(failed.value)
+    assert "fewer than min-trained = 6 clients trained in 2 rounds in a row" in message
+    assert "round 1: 5 of 8 trained (clients [3, 4, 5] on no node; node 2 is left out: it left" in message
+    assert "round 2: 5 of 8 trained" in message
+    assert [row["round"] for row in RunDir(floor.out).read_metrics()] == [0, 1]  # round 2 never written
+    # the same rounds with a floor they meet (or patience they do not exhaust) run to the end
+    lenient = dataclasses.replace(floor, out=tmp_path / "lenient", min_trained=5)
+    grid = InProcessGrid(config, HOSTS, tmp_path / "nodes2", unavailable={2: 1})
+    assert [r["round"] for r in run_deployed(grid, lenient).read_metrics()] == list(range(7))
+    with pytest.raises(DeployError, match="could never be met"):
+        too_high = dataclasses.replace(floor, out=tmp_path / "high", min_trained=9)
+        run_deployed(InProcessGrid(config, HOSTS, tmp_path / "nodes3"), too_high)
+
+
+def test_warnings_name_a_node_by_its_own_id_not_the_superlinks(tmp_path, caplog):
+    """The SuperLink answers for a node it cannot reach with an error from its own node id (1):
+    the warning names the node the message was for."""
+    config = tiny_config(rounds=2, algorithm=ALGORITHMS["fedavg"] | {"fraction": 1.0})
+    grid = InProcessGrid(config, HOSTS, tmp_path / "nodes", unavailable={3: 2})
+    run_deployed(grid, ServerSettings(config, tmp_path / "run", False, 5.0))
+    assert "round 2: node 3: it left the SuperLink; its clients [6, 7] are dropped" in caplog.text
+    assert "node 1: it left" not in caplog.text

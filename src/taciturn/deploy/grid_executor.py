@@ -171,7 +171,8 @@ class GridExecutor(Executor):
                 self.pipeline, self.nodes.exchange, self.secagg, self.round_timeout, round, nodes,
                 {c: self.request(round, [c], payloads) for c in nodes}, spec,
             )  # fmt: skip
-            self.floor.check(round, len(clients), len(part.accepted), _reasons(part, missing))
+            why = _reasons(part, missing, left_out=self.nodes.left_out)
+            self.floor.check(round, len(clients), len(part.accepted), why)
             return part
         part, outcome = self._exchange_round(round, clients, payloads)
         arrivals, silent = [], 0
@@ -192,7 +193,8 @@ class GridExecutor(Executor):
         part.accumulated = self.pipeline.accumulate(arrivals)
         trained = len(part.accepted) + silent
         log.info("round %d: %d of %d picked clients trained", round, trained, len(clients))
-        self.floor.check(round, len(clients), trained, _reasons(part, missing, self.dropped))
+        why = _reasons(part, missing, self.dropped, self.nodes.left_out)
+        self.floor.check(round, len(clients), trained, why)
         return part
 
     def _exchange_round(self, round: int, clients: Sequence[int], payloads: Mapping[int, bytes]):
@@ -280,11 +282,14 @@ class GridExecutor(Executor):
         return outcome
 
 
-def _reasons(part: RoundPart, missing: Sequence[int], dropped: Sequence[str] = ()) -> str:
+def _reasons(
+    part: RoundPart, missing: Sequence[int], dropped: Sequence[str] = (), left_out: Mapping[int, str] = {}
+) -> str:
     """Why the clients of a round that did not train, in a few words for the operator."""
     why = list(dropped)
     if missing:
         why.append(f"clients {list(missing)} on no node")
+    why += [f"node {node} is left out: {reason}" for node, reason in left_out.items()]
     for kind, items in (("failed", part.failed), ("rejected", part.rejected)):
         if items:
             client, reason = items[0]

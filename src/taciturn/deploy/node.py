@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from taciturn.deploy import worker
 log = logging.getLogger(__name__)
 
 MAX_RETRY_S = 60.0
+EXIT_CODE = re.compile(r"Exit Code: (\d+)")
 # flwr/supercore/exit/exit_code.py: the node's own configuration is wrong; retrying cannot help
 GIVE_UP = {
     302: "invalid node key",
@@ -79,13 +81,18 @@ def _keep_up(command: list[str], retry_s: float, stop: threading.Event, outcome:
     wait = retry_s
     while not stop.is_set():
         started = time.monotonic()
-        proc = subprocess.Popen(command)
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        said: dict[str, int] = {}
+        echo = threading.Thread(target=_echo, args=(proc, said), daemon=True)
+        echo.start()
         while proc.poll() is None and not stop.is_set():
             stop.wait(0.2)
         if stop.is_set():
             _end(proc)
+            echo.join(5)
             return
-        code = proc.returncode
+        echo.join(5)
+        code = said.get("code", proc.returncode)  # Flower's own code; the process status is 0 or 1
         if code in GIVE_UP:
             log.error("the SuperNode exited with code %d (%s): fix it and start again", code, GIVE_UP[code])
             outcome["code"] = code
@@ -94,12 +101,22 @@ def _keep_up(command: list[str], retry_s: float, stop: threading.Event, outcome:
         if time.monotonic() - started > 5 * MAX_RETRY_S:  # it ran a good while: start over gently
             wait = retry_s
         print(
-            f"taciturn deploy node: the SuperNode exited with code {code}; starting it again in {wait:g} s",
+            f"taciturn deploy node: the SuperNode exited (code {code}); starting it again in {wait:g} s",
             file=sys.stderr,
             flush=True,
         )
         stop.wait(wait)
         wait = min(2 * wait, MAX_RETRY_S)
+
+
+def _echo(proc: subprocess.Popen, said: dict[str, int]) -> None:
+    """The SuperNode's output, passed on as it comes; the exit code it prints (``flwr_exit``:
+    "Exit Code: 305") kept in ``said``, since its process status only tells success from error."""
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        if (found := EXIT_CODE.search(line)) is not None:
+            said["code"] = int(found[1])
 
 
 def _end(proc: subprocess.Popen) -> None:

@@ -48,6 +48,7 @@ class Nodes:
         self.nodes: set[int] = set()  # nodes that said which clients they host
         self.expected: dict[int, int] | None = None  # client -> the run's size for it
         self.test_sizes: dict[int, int] = {}  # per-client data: client -> held-out samples
+        self.left_out: dict[int, str] = {}  # online nodes not taken at the last discovery, and why
 
     # ----- talking to nodes -----
     def exchange(self, messages: Sequence[FlowerMessage]) -> dict[str, FlowerMessage]:
@@ -139,11 +140,13 @@ class Nodes:
             self.hosts = {c: n for c, n in self.hosts.items() if n != gone}
         self.nodes &= online
         new = sorted(online - self.nodes)
+        self.left_out = {}
         if not new:
             return
         answers, problems = self.hosted(new)
         for node, why in problems.items():
             log.warning("node %d is left out: %s", node, why)
+            self.left_out[node] = why
         for node, hosted in answers.items():
             expected = {c: (self.expected or {}).get(c) for c in hosted.sizes}
             if (
@@ -156,6 +159,7 @@ class Nodes:
                     hosted.sizes,
                     expected,
                 )
+                self.left_out[node] = "its data is not the run's"
                 continue
             self.take(node, list(hosted.sizes))
 
