@@ -139,3 +139,11 @@ def test_a_schema_travels_as_integers():
     schema = Schema((1, 28, 28), 10, ())
     assert Schema.from_fields(schema.fields()) == schema
     assert Schema.from_fields(Schema((6,), 0, (2,)).fields()) == Schema((6,), 0, (2,))
+
+
+def test_the_report_says_where_the_model_was_evaluated(tmp_path):
+    from taciturn.report.html import write_report
+
+    run = start(config(write_sites(tmp_path / "sites")), tmp_path / "run", progress=False)
+    page = write_report(run).read_text()
+    assert "Evaluated by the clients (federated evaluation)" in page and "over 14 samples on 2 clients" in page

@@ -597,3 +597,46 @@ def test_warnings_name_a_node_by_its_own_id_not_the_superlinks(tmp_path, caplog)
     run_deployed(grid, ServerSettings(config, tmp_path / "run", False, 5.0))
     assert "round 2: node 3: it left the SuperLink; its clients [6, 7] are dropped" in caplog.text
     assert "node 1: it left" not in caplog.text
+
+
+def test_the_docs_example_config_is_valid_and_checkpoints_before_round_10():
+    """docs/deploy.md's silo.toml (its indented block under "A config, `silo.toml`:")."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "deploy.md").read_text()
+    block = text.split("A config, `silo.toml`:\n\n", 1)[1].split("\n\nWrite the Flower app", 1)[0]
+    import tomllib
+
+    from taciturn.experiments.config import validate
+
+    config = validate(tomllib.loads("\n".join(line[4:] for line in block.splitlines())), "docs/deploy.md")
+    assert config.data.dataset == "clients" and config.checkpoint.every < 10 <= config.rounds
+
+
+def test_the_wheel_the_docs_install_builds_and_carries_the_deploy_code(tmp_path):
+    """`make wheel` (pip wheel of the project), built offline from a copy of the sources."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    import taciturn
+
+    repo = Path(__file__).resolve().parents[1]
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(repo / name, source / name)
+    shutil.copytree(repo / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), "."],
+        cwd=source,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp_path.glob("taciturn-*.whl")
+    assert wheel.name == f"taciturn-{taciturn.__version__}-py3-none-any.whl"
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {"taciturn/deploy/node.py", "taciturn/deploy/worker.py", "taciturn/data/clients.py"} <= set(names)
+    metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
+    assert "Provides-Extra: flower" in metadata and 'flwr<2,>=1.42; extra == "flower"' in metadata

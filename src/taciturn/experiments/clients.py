@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -38,8 +38,8 @@ class Census:
     schema: Schema
 
 
-class Nodes(Protocol):
-    """A deployment's view of the clients' data (deploy/grid_executor.py)."""
+class RemoteClients(Protocol):
+    """A deployment's view of its clients' data (deploy/server_app.py ``Deployment``)."""
 
     def census(self, config: RunConfig) -> Census: ...
 
@@ -61,12 +61,11 @@ class Population:
 
 @dataclass(frozen=True)
 class ClientsSetup:
-    probe: ArrayDataset  # what the model is built and checked with; its test split: the server's held-out set
+    probe: ArrayDataset  # the model is built and checked on it; its test split: the server's held-out set
     data: Any  # ClientData
     evaluate: Callable[[Any, dict], list[Scores]] | None = None  # (task, params) -> per-client scores
     note: str = ""  # how the run evaluates (run.json, the report)
-    census: Census | None = field(default=None, repr=False)
-    schema: Schema | None = None
+    schema: Schema | None = None  # a node's: what it tells the server
 
 
 def read_clients(config: RunConfig) -> list[ClientSet]:
@@ -255,7 +254,7 @@ def population_of(config: RunConfig, data: Any, classes: int) -> Population:
     )
 
 
-def on_server(config: RunConfig, nodes: Nodes) -> ClientsSetup:
+def on_server(config: RunConfig, nodes: RemoteClients) -> ClientsSetup:
     """The server of a silo federation: sizes, shapes and classes from the nodes; no sample."""
     census = nodes.census(config)
     test = _server_test(config, census.schema)
@@ -269,4 +268,4 @@ def on_server(config: RunConfig, nodes: Nodes) -> ClientsSetup:
         return nodes.evaluate(params, population_of(config, data, census.schema.classes))
 
     note = _evaluation_note(test, census.test_sizes)
-    return ClientsSetup(probe, data, None if test is not None else evaluate, note, census)
+    return ClientsSetup(probe, data, None if test is not None else evaluate, note)
