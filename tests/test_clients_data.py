@@ -146,4 +146,5 @@ def test_the_report_says_where_the_model_was_evaluated(tmp_path):
 
     run = start(config(write_sites(tmp_path / "sites")), tmp_path / "run", progress=False)
     page = write_report(run).read_text()
-    assert "Evaluated by the clients (federated evaluation)" in page and "over 14 samples on 2 clients" in page
+    assert "Evaluated by the clients (federated evaluation)" in page
+    assert "over 14 samples on 2 clients" in page
