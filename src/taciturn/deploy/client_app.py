@@ -176,7 +176,7 @@ def query(message: Message, context: Context) -> Message:
     text = str(context.run_config["taciturn-config"])
     config = run_config_of(text, node.data)
     if config.data.dataset != "clients":
-        setup = node_setup(text, node.data)
+        setup = _setup(context, node, ())  # what its train requests will use: built once
         hosted = protocol.Hosted(__version__, {c: hosted_size(setup, c) for c in node.clients})
         return Message(protocol.query_reply(hosted), reply_to=message)
     clients = own_clients(text, node.data)
