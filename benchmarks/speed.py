@@ -33,8 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from docs_section import markdown_table, replace_section
-from intervals import t_interval
+from protocol import markdown_table, replace_section, t_interval
 from rich.console import Console
 from rich.table import Table
 
@@ -347,7 +346,7 @@ def executor_decision(log: Path) -> str:
 def ratio_interval(times: list[float], floor: list[float]) -> dict[str, float]:
     """The ratio of an implementation's wall time to the floor's, paired by repetition (they ran
     back to back, so they shared the machine's state): the geometric mean with a 95% t-interval of
-    the log ratios (benchmarks/intervals.py), and the median. One repetition gives no interval."""
+    the log ratios (benchmarks/protocol.py), and the median. One repetition gives no interval."""
     logs = np.log(np.asarray(times) / np.asarray(floor))
     low, high = t_interval(logs) if len(logs) > 1 else (float("nan"), float("nan"))
     return {

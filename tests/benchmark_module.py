@@ -1,5 +1,5 @@
-"""A script of benchmarks/ loaded as a module, as when it runs: its sibling modules (docs_section,
-intervals, speed) importable, and registered in sys.modules, where dataclasses look it up."""
+"""A script of benchmarks/ loaded as a module, as when it runs: its sibling modules (protocol,
+run_key, speed) importable, and registered in sys.modules, where dataclasses look it up."""
 
 from __future__ import annotations
 

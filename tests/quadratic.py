@@ -6,6 +6,8 @@ import numpy as np
 import torch
 
 from taciturn.algorithms.base import Algorithm
+from taciturn.compression.config import CompressionConfig
+from taciturn.compression.link import Downlink, Uplink
 from taciturn.core import Channel, Ledger, MemoryStateStore, Streams
 from taciturn.data.datasets import ArrayDataset
 from taciturn.data.federated import FederatedData
@@ -50,11 +52,24 @@ def optimum(data: FederatedData, uniform: bool = False) -> torch.Tensor:
     return torch.linalg.solve(lhs, rhs)
 
 
-def federation(algorithm: Algorithm, data: FederatedData, seed=0, drop_up=0.0, drop_down=0.0) -> Federation:
+def federation(
+    algorithm: Algorithm, data: FederatedData, seed=0, drop_up=0.0, drop_down=0.0, compression=None
+) -> Federation:
+    """``compression``: a CompressionConfig (or its keys as a dict) for both links."""
     streams = Streams(seed)
     channel = Channel(Ledger(), streams, drop_up, drop_down)
-    pipeline = ClientPipeline(algorithm, channel, MemoryStateStore(), streams, data, loss)
-    return Federation(algorithm, SequentialExecutor(pipeline), streams, data)
+    uplink = downlink = None
+    if compression is not None:
+        compression = CompressionConfig.model_validate(compression)
+        up, down = compression.transform("up"), compression.transform("down")
+        uplink = None if up is None else Uplink(up, streams)
+        downlink = None if down is None else Downlink(down, streams)
+    pipeline = ClientPipeline(
+        algorithm, channel, MemoryStateStore(), streams, data, loss, uplink=uplink, downlink=downlink
+    )
+    return Federation(
+        algorithm, SequentialExecutor(pipeline), streams, data, uplink=uplink, downlink=downlink
+    )
 
 
 def start(algorithm: Algorithm, data: FederatedData):
@@ -72,9 +87,9 @@ class ExactXUpdate:
     """Mixin for ADMM algorithms: solve the x-update of least squares in closed form,
     argmin_x (1/2n)||A x - b||^2 + (rho_i/2)||x - z_hat + u||^2."""
 
-    def x_update(self, ctx, z_hat, u, momentum):
+    def x_update(self, ctx, z_hat, u):
         a, b = ctx.data.batch(ctx.data.client_indices(ctx.client))
         rho = self.rho_i(ctx)
         lhs = a.T @ a / len(b) + rho * torch.eye(a.shape[1], dtype=a.dtype)
         rhs = a.T @ b / len(b) + rho * (z_hat["w"] - u["w"])
-        return self.finish(ctx, z_hat, u, {"w": torch.linalg.solve(lhs, rhs)}, None, {})
+        return self.finish(ctx, z_hat, u, {"w": torch.linalg.solve(lhs, rhs)}, {})

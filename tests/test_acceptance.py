@@ -55,8 +55,8 @@ class LossyScaffold(Poisoning, Scaffold):
 
 
 class LossyADMM(Poisoning, ExactXUpdate, EventADMM):
-    def finish(self, ctx, z_hat, u, x, momentum, meta):  # ExactXUpdate ends here, not in client_end
-        return self._poisoned(ctx, super().finish(ctx, z_hat, u, x, momentum, meta))
+    def finish(self, ctx, z_hat, u, x, meta):  # ExactXUpdate ends here, not in client_end
+        return self._poisoned(ctx, super().finish(ctx, z_hat, u, x, meta))
 
 
 class LossyFedADMM(LossyADMM, FedADMM):
@@ -217,7 +217,9 @@ def test_a_skipped_round_commits_no_client_state():
 
 
 class HugeScaffold(Scaffold):
-    """Once ``huge``, every client reports dy = 1e308: finite, but x + 2 mean(dy) overflows."""
+    """Once ``huge``, every client reports dy = max / (2 W), W the population's weight: finite and
+    below the bound at which one update alone is rejected (engine/validation.py), but the server
+    then steps with eta_g = 1e6, and x + eta_g mean(dy) overflows."""
 
     huge = False
 
@@ -225,5 +227,12 @@ class HugeScaffold(Scaffold):
         out = super().client_end(ctx, work, result)
         if not self.huge:
             return out
-        arrays = {**out.uplink.arrays, "dy/w": np.full_like(out.uplink.arrays["dy/w"], 1e308)}
+        dy = out.uplink.arrays["dy/w"]
+        large = np.finfo(dy.dtype).max / (2 * self.total_weight)
+        arrays = {**out.uplink.arrays, "dy/w": np.full_like(dy, large)}
         return ClientOutput(Message(arrays, dict(out.uplink.meta)), out.state, out.info)
+
+    def aggregate(self, state, round, accumulated):
+        if self.huge:
+            self.config = self.config.model_copy(update={"server_lr": 1e6})
+        return super().aggregate(state, round, accumulated)

@@ -13,6 +13,7 @@ from taciturn.core import Message
 from taciturn.core.rng import Streams
 from taciturn.experiments.config import ConfigError
 from taciturn.experiments.runner import prepare, start
+from taciturn.report.rundir import RunDir
 from tests.conftest import tiny_config
 
 
@@ -115,3 +116,24 @@ def test_the_median_resists_a_scaled_update_that_ruins_the_mean(tmp_path):
     ).read_metrics()[-1]
     assert mean["loss"] > 10 * clean["loss"]
     assert median["loss"] < 1.5 * clean["loss"]
+
+
+@pytest.mark.parametrize("name", ["fedavg", "scaffold"])
+def test_a_huge_finite_update_is_rejected_by_name_instead_of_skipping_every_round(tmp_path, name):
+    """Issue 39: under the plain mean one client sending finite values of 1e37 overflowed the
+    weighted sum every round, so every round was skipped and training stopped without the attacker
+    being singled out. Now its update is rejected, naming it, and the others' rounds go on."""
+    attack = {"kind": "gaussian", "fraction": 0.125, "strength": 1e37}  # one client of 8, every round
+    config = tiny_config(rounds=3, algorithm={"name": name, "fraction": 1.0}, attack=attack)
+    rundir = start(config, tmp_path / "run", progress=False)
+    last = rundir.read_metrics()[-1]
+    events = RunDir.read_jsonl(rundir.events)
+    (attacker,) = pick_attackers(0.125, 8, Streams(config.seed))
+    assert last["skipped"] == 0 and last["rejected"] == 3
+    assert all(
+        e["event"] == "rejected" and e["client"] == attacker and "overflow" in e["reason"] for e in events
+    )
+    clean = start(
+        tiny_config(rounds=3, algorithm={"name": name, "fraction": 1.0}), tmp_path / "clean", progress=False
+    )
+    assert last["accuracy"] > clean.read_metrics()[0]["accuracy"]  # it learned from the other seven

@@ -23,6 +23,7 @@ def test_quick_benchmark_writes_final_regret_and_f1_per_setting(tmp_path, monkey
     bench = load_benchmark("bass")
     monkeypatch.setitem(bench.QUICK, "horizon", 100)  # smaller still than --quick: a test is not a smoke run
     monkeypatch.setattr(bench, "ALPHAS", (0.25,))
+    monkeypatch.setattr(bench, "ALPHAS_ONLY", (0.25,))
     assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "bass.json").read_text())
     methods = {"bass", "independent", "pooled", "oracle", "club", "sclub", "dynucb"}
@@ -153,7 +154,7 @@ def test_a_pilot_of_ten_runs_sees_the_run_that_locks_and_three_do_not(monkeypatc
     bench = load_benchmark("bass")
     monkeypatch.setattr(bench, "METHODS", ("oracle",))
     monkeypatch.setattr(bench, "EXTRA", ())
-    monkeypatch.setattr(bench, "ALPHAS", (0.15, 0.4))
+    monkeypatch.setattr(bench, "ALPHAS_ONLY", (0.15, 0.4))  # oracle has no threshold
     by_run = {0.15: np.array([40.0] * 7 + [3000.0] + [40.0] * 2), 0.4: np.full(10, 100.0)}
 
     def config(setting, method, variant, seed, scale):
@@ -178,7 +179,7 @@ def test_the_pilot_charges_a_grid_point_for_a_run_that_locks_though_its_mean_is_
     bench = load_benchmark("bass")
     monkeypatch.setattr(bench, "METHODS", ("oracle",))
     monkeypatch.setattr(bench, "EXTRA", ())
-    monkeypatch.setattr(bench, "ALPHAS", (0.25, 0.4))
+    monkeypatch.setattr(bench, "ALPHAS_ONLY", (0.25, 0.4))  # oracle has no threshold
     by_run = {0.25: np.array([60.0] * 9 + [700.0]), 0.4: np.array([120.0, 140.0] * 5)}
     monkeypatch.setattr(bench, "config", lambda setting, method, variant, seed, scale: variant[0])
     monkeypatch.setattr(bench, "simulate", lambda alpha: {"regret": np.stack([np.zeros(10), by_run[alpha]])})
@@ -187,3 +188,35 @@ def test_the_pilot_charges_a_grid_point_for_a_run_that_locks_though_its_mean_is_
     chosen, table = bench.pilot(scale, SilentProgress())
     assert table["oracle"]["N6_C2"] == {"(0.25, None)": 124.0, "(0.4, None)": 130.0}  # means: 0.25 lower
     assert chosen == {"oracle": (0.4, None)}
+
+
+def test_every_method_searches_nine_configurations_on_tuning_seeds_apart_from_the_reported_runs():
+    """Issue 42: BASS and its variants had 9 tuning configurations, the LinUCB baselines 3."""
+    bench = load_benchmark("bass")
+    assert {len(bench.grid(m)) for m in bench.METHODS + bench.EXTRA} == {9}
+    p = bench.protocol(bench.FULL)
+    assert p.tuning_seeds == tuple(range(1000, 1010)) and p.report_seeds == tuple(range(10))
+    # more clusters than agents puts every agent in its own cluster: N2_C4 is N2_C2, so it is not run
+    assert bench.settings(bench.FULL) == [
+        "N2_C2",
+        "N2_none",
+        "N6_C2",
+        "N6_C4",
+        "N6_none",
+        "N18_C2",
+        "N18_C4",
+        "N18_none",
+    ]
+
+
+def test_bass_is_compared_run_by_run_with_a_paired_interval():
+    bench = load_benchmark("bass")
+    # differences bass - club per run: -2, -4, -6, -4, -4: mean -4, s^2 = 2, t_{0.975, 4} = 2.77645
+    results = {"N6_C2": {"bass": runs(np.array([8.0, 6, 4, 6, 6])), "club": runs(np.full(5, 10.0))}}
+    out = bench.comparisons(results)["N6_C2"]["club"]
+    half = 2.7764451 * math.sqrt(2 / 5)
+    assert out["mean"] == -4.0 and out["ci"] == pytest.approx([-4 - half, -4 + half], abs=1e-6)
+    assert out["direction"] == -1 and out["wilcoxon_p"] == pytest.approx(1 / 16)
+    lines = bench.comparison_lines({"N6_C2": {"club": out}})
+    assert lines[0].startswith("N6_C2: BASS has lower final regret than club, -4 [")
+    assert lines[-1] == "No conclusion (the paired interval contains 0, or Wilcoxon's test disagrees): none."

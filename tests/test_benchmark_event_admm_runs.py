@@ -1,5 +1,6 @@
-"""benchmarks/event_admm.py keeps finished runs in a JSON-lines log, so its grids run over several
-sessions, and a run of some settings keeps the results of the others."""
+"""benchmarks/event_admm.py keeps every finished run, with its per-round log and config, in a
+JSON-lines log keyed by config and code: a rerun reads it back, so the tables can be recomputed
+from the log alone and grids run over several sessions (issue 42)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from tests.benchmark_module import load_benchmark
 
 TINY = {
     "name": "T",
-    "prefix": "quick-",
+    "quick": True,
     "rounds": 3,
     "data": {"dataset": "digits"},
     "partition": {"kind": "one_class", "num_clients": 10},
     "model": {"kind": "mlp", "hidden": [8]},
     "local": {"epochs": 1, "batch_size": 64, "lr": 0.05, "momentum": 0.0},
+    "mu": 0.01,
 }
 
 
@@ -29,72 +31,50 @@ def bench(tmp_path, monkeypatch):
 
 
 def test_a_finished_run_is_read_back_from_the_log_instead_of_run_again(bench, monkeypatch):
-    calibration = bench.calibrate(TINY, 0.1, seed=0)
-    fedavg = bench.run_one(TINY, "fedavg", {"fraction": 1.0}, seed=0)
-    log = bench.runs_log(TINY)
-    assert [json.loads(line)["name"] for line in log.read_text().splitlines()] == [
-        "quick-T-calibration-rho=0.1-s0",
-        "quick-T-fedavg-fraction=1.0-s0",
+    zero = bench.Spec("event_admm", (("rho", 0.1), ("delta", 0.0)), 0)
+    fedavg = bench.Spec("fedavg", (("fraction", 1.0), ("lr", 0.05)), 0)
+    calibration = bench.run_one(TINY, zero)
+    first = bench.run_one(TINY, fedavg)
+    records = [json.loads(line) for line in bench.runs_log(TINY).read_text().splitlines()]
+    assert [(r["method"], r["knob"], r["seed"]) for r in records] == [
+        ("event_admm", "rho=0.1,delta=0.0", 0),
+        ("fedavg", "fraction=1.0,lr=0.05", 0),
     ]
+    # every record holds what a recomputation needs: the config, and accuracy and traffic per round
+    assert records[1]["config"]["algorithm"]["local"]["lr"] == 0.05 and "name" not in records[1]["config"]
+    assert [row["round"] for row in records[1]["rows"]] == [0, 1, 2, 3]
     assert set(calibration.trigger_ratios) == {"absolute", "relative", "progress"}
     assert len(calibration.trigger_ratios["absolute"]) == 3 * 10  # every agent fires in every round
-    assert fedavg.trigger_ratios == {}  # only a calibration's ratios set thresholds
+    assert first.trigger_ratios == {}  # only a Delta = 0 run's ratios set a unit
 
     def no_new_runs(*args, **kwargs):
         raise AssertionError("a stored run was run again")
 
     monkeypatch.setattr(bench, "start", no_new_runs)
-    again = bench.calibrate(TINY, 0.1, seed=0)
+    again = bench.run_one(TINY, zero)
     assert (again.rows, again.trigger_ratios, again.z_changes) == (
         calibration.rows,
         calibration.trigger_ratios,
         calibration.z_changes,
     )
-    thresholds = bench.thresholds_from(calibration, "absolute", 0.9)
-    assert bench.thresholds_from(again, "absolute", 0.9) == thresholds
-    assert bench.run_one(TINY, "fedavg", {"fraction": 1.0}, seed=0).rows == fedavg.rows
+    assert bench.unit_of(again, "absolute") == bench.unit_of(calibration, "absolute")
+    # a variant at Delta = 0 is the same run under another name, read back too
+    decay = bench.run_all(TINY, [bench.Spec("event_admm_decay", zero.point, 0)], jobs=1)
+    assert next(iter(decay.values())).rows == calibration.rows
     with pytest.raises(AssertionError, match="run again"):  # another seed is another run
-        bench.run_one(TINY, "fedavg", {"fraction": 1.0}, seed=1)
+        bench.run_one(TINY, bench.Spec("fedavg", fedavg.point, 1))
 
 
-def test_running_one_setting_keeps_the_other_settings_results_made_with_the_same_seeds_and_grid(tmp_path):
+def test_running_one_setting_keeps_the_others_made_on_the_same_seeds(tmp_path):
     bench = load_benchmark("event_admm")
     out = tmp_path / "event_admm.json"
-    grid = {"seeds": 3, "rho_grid": [0.1, 1.0]}
-    out.write_text(json.dumps(grid | {"A": {"ceiling": 0.8}, "B": {"ceiling": 0.5}}))
-    now = {"seeds": 3, "rho_grid": [0.1, 1.0], "B": {"ceiling": 0.6}}
-    assert bench.with_earlier_settings(now, out) == now | {"A": {"ceiling": 0.8}}  # B is the new one
-    other_seeds = {"seeds": 5, "rho_grid": [0.1, 1.0], "B": {"ceiling": 0.6}}
-    assert bench.with_earlier_settings(other_seeds, out) == other_seeds
+    seeds = {"selection": "tuning_seeds", "tuning_seeds": [0, 1], "report_seeds": [10, 11, 12, 13, 14]}
+    earlier = seeds | {"configs_per_method": {"fedavg": 21, "event_admm_dz": 21}}
+    out.write_text(json.dumps({"protocol": earlier, "A": {"ceiling": 0.8}, "C": {"ceiling": 0.5}}))
+    now = {"protocol": seeds | {"configs_per_method": {"fedavg": 21}}, "C": {"ceiling": 0.6}}
+    merged = bench.with_earlier_settings(now, out)
+    assert merged["A"] == {"ceiling": 0.8} and merged["C"] == {"ceiling": 0.6}  # C is the new one
+    assert merged["protocol"]["configs_per_method"] == {"fedavg": 21, "event_admm_dz": 21}
+    other = {"protocol": seeds | {"report_seeds": [20, 21, 22, 23, 24], "configs_per_method": {}}, "C": {}}
+    assert bench.with_earlier_settings(other, out) == other
     assert bench.with_earlier_settings(now, tmp_path / "absent.json") == now
-
-
-def test_a_grid_point_with_the_same_algorithm_as_one_already_run_takes_its_rows(bench, monkeypatch):
-    """Delta_z on its own axis at the median quantile is the constant-Delta method at the median:
-    one training, two candidates; at another quantile the thresholds differ and both run."""
-    row = {"accuracy": 0.5, "messages_up": 0, "messages_down": 0, "bytes_up": 0, "bytes_down": 0}
-    calibration = bench.Run(
-        "calibration", "calibration", 0, [row], 1, 10, 10, 0.0,
-        {key: [float(i) for i in range(100)] for key in ("absolute", "relative", "progress")},
-        [float(i) for i in range(10)],
-    )  # fmt: skip
-    monkeypatch.setattr(bench, "calibrate", lambda setting, rho, seed: calibration)
-    trained = []
-
-    def run_one(setting, method, point, seed, thresholds):
-        trained.append((method, point["quantile"]))
-        rows = [row | {"messages_up": len(trained)}]
-        return bench.Run(method, bench.knob_label(point), seed, rows, 1, 10, 10, 1.0)
-
-    monkeypatch.setattr(bench, "run_one", run_one)
-    grid = {"rho_grid": [0.1], "quantiles": [0.5, 0.9]}
-    grid |= {"fractions": [0.5, 1.0], "fedadmm_fractions": [0.5, 1.0]}
-    setting = bench.setting_a(quick=False) | grid  # every method's budget: 2 grid points
-    runs, _ = bench.event_runs(setting, 0.1, seed=0)
-    by_name = {(r.method, r.knob): r for r in runs}
-    assert ("event_admm_dz", 0.5) not in trained and ("event_admm_dz", 0.9) in trained
-    assert len(trained) == 2 * len(bench.EVENT) - 1
-    assert set(by_name) == {(m, f"rho=0.1,quantile={q}") for m in bench.EVENT for q in (0.5, 0.9)}
-    same = by_name[("event_admm_dz", "rho=0.1,quantile=0.5")]
-    assert same.rows == by_name[("event_admm", "rho=0.1,quantile=0.5")].rows
-    assert same.rows != by_name[("event_admm_dz", "rho=0.1,quantile=0.9")].rows

@@ -42,7 +42,7 @@ def test_the_benchmark_produces_the_issue_schema_plots_and_docs_at_micro_scale(m
     for png in ("fedq_iclr.png", "fedq_icml_regret.png", "fedq_icml_rounds.png", "fedq_instances.png"):
         assert (out / png).stat().st_size > 1000
     text = bench.markdown(results)
-    assert text.startswith(bench.SECTION) and bench.COMMAND in text and "| FedQ-H (M=10) |" in text
+    assert text.startswith("FedQ-Hoeffding") and bench.COMMAND in text and "| FedQ-H (M=10) |" in text
     assert "Sensitivity: mean slope" in text and f"{bench.COMMAND} --instances-only" in text
     without = {k: v for k, v in results.items() if k != "instances"}
     assert "Not yet run at full scale" in bench.markdown(without)
@@ -139,7 +139,7 @@ def test_instances_only_adds_its_key_to_the_saved_results_and_keeps_the_others(t
         icml_agents=(1,),
         sweep_episodes=100,
         sweep_values=(2,),
-        instances=2,
+        instances=5,  # the protocol's least number of report seeds (here instances) for a claim
         instance_paths=1,
         windows=(),
     )
@@ -149,7 +149,15 @@ def test_instances_only_adds_its_key_to_the_saved_results_and_keeps_the_others(t
     assert bench.main(["--instances-only"]) == 0
     results = json.loads(path.read_text())
     assert {k: results[k] for k in saved} == saved
-    assert set(results) == {*saved, "instances"} and results["instances"]["count"] == 2
+    assert set(results) == {*saved, "instances", "protocol"} and results["instances"]["count"] == 5
+    assert results["protocol"] == {
+        "selection": "none",
+        "tuning_seeds": [],
+        "report_seeds": [0, 1, 2, 3, 4],
+        "configs_per_method": dict.fromkeys(
+            ["FedQ-H (M=10)", "FedQ-B (M=10)", "UCB-H (M=1)", "UCB-B (M=1)"], 1
+        ),
+    }
     assert [set(w) for w in written] == [set(results)] and (
         tmp_path / "docs" / "img" / "fedq_instances.png"
     ).exists()

@@ -82,8 +82,11 @@ def test_a_paired_difference_is_claimed_only_when_its_interval_excludes_zero():
     # differences 2, 3, 4: mean 3, s = 1, half width t_{0.975, 2} / sqrt 3 = 2.4841 -> [0.516, 5.484]
     d = across.difference([3.0, 4.0, 5.0], [1.0, 1.0, 1.0])
     assert d["lo"] == pytest.approx(3 - T2 / math.sqrt(3), abs=1e-6) and d["sign"] == "above"
+    # Wilcoxon beside it, exact: all three signs positive, two-sided p = 2 / 2^3
+    assert d["wilcoxon_p"] == pytest.approx(0.25) and d["agree"] == 3
     assert across.difference_sentence("a", "b", d, " (rounds)") == (
-        "a - b (rounds): +3 [+0.516, +5.48]; a is above b (95% interval excludes 0)"
+        "a - b (rounds): +3 [+0.516, +5.48] over 3 instances (paired; Wilcoxon p = 0.25; 3 of 3 agree); "
+        "a is above b (95% interval excludes 0)"
     )
     assert across.difference([1.0, 1.0, 1.0], [3.0, 4.0, 5.0])["sign"] == "below"
     d = across.difference([1.0, 2.0, 3.0], [2.0, 2.0, 2.0])  # -1, 0, 1

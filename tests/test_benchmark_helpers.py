@@ -1,4 +1,4 @@
-"""benchmarks/intervals.py and benchmarks/sweep.py against hand-computed cases."""
+"""benchmarks/event_admm.py's protocol pieces against hand-computed cases (issue 42)."""
 
 import math
 
@@ -6,66 +6,7 @@ import pytest
 
 from tests.benchmark_module import load_benchmark
 
-intervals = load_benchmark("intervals")
-sweep = load_benchmark("sweep")
-
-
-def test_t_interval_matches_the_t_table():
-    # mean 2, s = 1, n = 3: 2 +- t_{0.975, 2} / sqrt(3), t_{0.975, 2} = 4.30265 (any t table)
-    lo, hi = intervals.t_interval([1.0, 2.0, 3.0])
-    assert (lo + hi) / 2 == pytest.approx(2.0)
-    assert (hi - lo) / 2 == pytest.approx(4.30265 / math.sqrt(3), abs=1e-5)
-    # mean 5, s^2 = 32 / 7, n = 8, t_{0.975, 7} = 2.36462
-    lo, hi = intervals.t_interval([2, 4, 4, 4, 5, 5, 7, 9])
-    assert (hi - lo) / 2 == pytest.approx(2.36462 * math.sqrt(32 / 7) / math.sqrt(8), abs=1e-5)
-    assert intervals.t_interval([3.0, 3.0, 3.0]) == (3.0, 3.0)
-
-
-def test_bootstrap_of_two_values_is_the_exact_percentile_interval():
-    # resampled means of [0, 1] are 0, 1/2, 1 with probability 1/4, 1/2, 1/4: the 2.5% and 97.5%
-    # percentiles are 0 and 1 (each end has ~25% of the mass, far above 2.5%)
-    assert intervals.bootstrap_interval([0.0, 1.0]) == (0.0, 1.0)
-    # the same seed gives the same interval
-    values = [0.3, 1.2, 0.7, 2.5, 1.1]
-    assert intervals.bootstrap_interval(values, seed=4) == intervals.bootstrap_interval(values, seed=4)
-
-
-def test_bootstrap_over_groups_resamples_each_group_on_its_own():
-    # difference of means of [0, 1] and [10, 10]: the second group never varies, the first gives
-    # means 0, 1/2, 1 with probability 1/4, 1/2, 1/4, so the interval is exactly [10 - 1, 10 - 0]
-    lo, hi = intervals.bootstrap_groups([[0.0, 1.0], [10.0, 10.0]], lambda a, b: b.mean() - a.mean())
-    assert (lo, hi) == (9.0, 10.0)
-    with pytest.raises(intervals.IntervalError):
-        intervals.bootstrap_groups([[0.0, 1.0], [10.0]], lambda a, b: b.mean() - a.mean())
-
-
-def test_too_few_seeds_is_a_clear_error():
-    with pytest.raises(intervals.IntervalError, match="at least two"):
-        intervals.t_interval([1.0])
-    with pytest.raises(intervals.IntervalError):
-        intervals.t_interval([1.0, float("nan")])
-
-
-def test_a_conclusion_only_where_intervals_separate():
-    assert intervals.separated((0, 1), (1.5, 2)) and intervals.separated((1.5, 2), (0, 1))
-    assert not intervals.separated((0, 1), (0.9, 2))
-    assert intervals.verdict("a", (0, 1), "b", (2, 3)) == "a beats b (95% intervals separate)"
-    assert intervals.verdict("a", (0, 1), "b", (2, 3), lower_is_better=False).startswith("b beats a")
-    assert "overlap" in intervals.verdict("a", (0, 2), "b", (1, 3))
-
-
-def test_grids_are_products_and_budgets_must_match():
-    event = sweep.grid("event_admm", rho=[0.1, 1.0], quantile=[0.5, 0.9])
-    assert event.points == (
-        {"rho": 0.1, "quantile": 0.5},
-        {"rho": 0.1, "quantile": 0.9},
-        {"rho": 1.0, "quantile": 0.5},
-        {"rho": 1.0, "quantile": 0.9},
-    )
-    fedavg = sweep.grid("fedavg", fraction=[0.1, 0.3, 0.5, 1.0])
-    assert sweep.budget([event, fedavg]) == 4
-    with pytest.raises(sweep.BudgetError, match="unequal tuning budgets"):
-        sweep.budget([event, sweep.grid("fedprox", fraction=[0.5, 1.0])])
+protocol = load_benchmark("protocol")
 
 
 def event_benchmark():
@@ -91,65 +32,142 @@ def test_a_target_is_reached_by_the_trailing_mean_not_one_noisy_round():
     run = fake_run(bench, "fedavg", "fraction=1.0", 0, [0.5, 0.9, 0.5, 0.8, 0.8, 0.8], 10)
     # trailing means over 3: 0.5, 0.7, 0.633, 0.733, 0.7, 0.8
     assert bench.SMOOTH == 3
-    assert list(bench.smoothed(run.rows)) == pytest.approx([0.5, 0.7, 1.9 / 3, 2.2 / 3, 2.1 / 3, 0.8])
-    assert run.first_reaching(0.75) is run.rows[5]  # not round 2's single 0.9
-    assert run.first_reaching(0.85) is None
+    assert run.smoothed() == pytest.approx([0.5, 0.7, 1.9 / 3, 2.2 / 3, 2.1 / 3, 0.8])
+    assert run.cost(0.75) == 60  # round 6, not round 2's single 0.9
+    assert run.cost(0.85) is None
+    # the exact tie of issue 42: 0.8394, 0.8406, 0.84 reach 0.84 in the round they complete
+    tie = fake_run(bench, "fedavg", "x", 0, [0.2, 0.3, 0.8394, 0.8406, 0.84], 10)
+    assert tie.cost(0.84) == 50
 
 
-def test_the_tuned_configuration_reaches_the_target_in_every_seed_with_fewest_mean_events():
+def test_every_method_searches_21_configurations_and_the_baselines_reach_c_0_05():
     bench = event_benchmark()
-    up = [0.8, 0.8, 0.8]
-    runs = [
-        # fast: reaches 0.8 at round 3 (30 events) in seed 0 but never in seed 1: not eligible
-        fake_run(bench, "fedavg", "fast", 0, up, 10),
-        fake_run(bench, "fedavg", "fast", 1, [0.1, 0.1, 0.1], 10),
-        # steady: round 1 in every seed, 20 and 40 events per round
-        fake_run(bench, "fedavg", "steady", 0, up, 20),
-        fake_run(bench, "fedavg", "steady", 1, up, 40),
-        fake_run(bench, "fedavg", "steady", 2, up, 30),
-    ]
-    best = bench.tuned(runs, "fedavg", 0.8, "events")
-    assert best["knob"] == "steady" and best["values"] == [20.0, 40.0, 30.0] and best["mean"] == 30.0
-    assert best["ci"] == pytest.approx(
-        [30 - 4.30265 * 10 / math.sqrt(3), 30 + 4.30265 * 10 / math.sqrt(3)], abs=1e-4
+    for quick in (True, False):
+        for build in bench.SETTINGS.values():
+            setting = build(quick)
+            sizes = {len(g) for g in bench.searches(setting).values()}
+            assert sizes == ({2} if quick else {21})
+    b = bench.setting_b(False)
+    searches = bench.searches(b)
+    assert {p["fraction"] for p in searches["fedadmm"].points} == set(b["fractions"])  # FedADMM: the same C
+    assert min(b["fractions"]) == 0.05 and min(bench.setting_c(False)["fractions"]) == 0.05
+    assert {p["delta"] for p in searches["event_admm"].points} == set(b["ladder"]) and 0.0 in b["ladder"]
+    assert (
+        bench.setting_c(False)["model"]["kind"] == "cnn"
+        and bench.setting_c(False)["partition"]["alpha"] == 0.1
     )
-    assert bench.tuned(runs, "fedavg", 0.9, "events") is None
 
 
-def test_savings_are_claimed_only_where_intervals_separate():
+def calibration(bench, rounds=10):
+    """A Delta = 0 run whose trigger ratios are 0..99 (10 a round) and z changes 0..9."""
+    ratios = {key: [float(i) for i in range(10 * rounds)] for key in ("absolute", "relative", "progress")}
+    return bench.Run(
+        "event_admm",
+        "rho=0.1,delta=0.0",
+        0,
+        [],
+        1,
+        10,
+        rounds,
+        0.0,
+        ratios,
+        [float(i) for i in range(rounds)],
+    )
+
+
+def test_delta_is_a_ladder_step_times_the_calibrations_median_after_its_first_tenth():
     bench = event_benchmark()
-    best = {m: {"0.8": None} for m in bench.METHODS}
-    best["fedavg"]["0.8"] = {"mean": 100.0, "ci": [90.0, 110.0]}
-    best["event_admm"]["0.8"] = {"mean": 50.0, "ci": [40.0, 60.0]}
-    best["event_admm_relative"]["0.8"] = {"mean": 95.0, "ci": [80.0, 100.0]}
-    out = bench.saving(best, 0.8)
-    assert out["event_admm"] == {"saving": 0.5, "separated": True}
-    assert out["event_admm_relative"] == {"saving": pytest.approx(0.05), "separated": False}
-    lines = bench.conclusions({"0.8": out}, [0.8], best)
-    assert lines == [
-        "At 80%, event_admm needs 50% fewer events than the best baseline (95% intervals separate)."
-    ]
-    best["fedavg"]["0.8"] = None  # no baseline reached it: no events to compare, and it is said
-    lines = bench.conclusions({"0.8": bench.saving(best, 0.8)}, [0.8], best)
-    assert lines == [
-        "At 80%, no baseline method reached the target in every seed; event_admm, event_admm_relative did.",
-        "No event variant's 95% interval separates from the best baseline's: no claim on events.",
-    ]
+    run = calibration(bench)
+    # skip the first round (a tenth of 10): ratios 10..99, median 54.5; z changes 1..9, median 5
+    assert bench.unit_of(run, "absolute") == (54.5, 5.0)
+    assert bench.thresholds("event_admm", {"rho": 0.1, "delta": 2.0}, run) == (109.0, 10.0)
+    assert bench.thresholds("event_admm_dz", {"rho": 0.1, "delta": 2.0}, run) == (
+        54.5,
+        10.0,
+    )  # Delta at the unit
+    assert bench.thresholds("event_admm_relative", {"rho": 0.1, "delta": 0.0}, run) == (0.0, 0.0)
+
+
+def test_every_event_variant_at_delta_zero_is_the_one_calibration_run():
+    """Full communication is one algorithm whatever the trigger: one run, charged to every variant."""
+    bench = event_benchmark()
+    setting = bench.setting_b(True) | {"quick": True}
+    keys = {
+        bench.key_of(setting, bench.Spec(m, (("rho", 0.1), ("delta", 0.0)), 0, (0.0, 0.0)))
+        for m in bench.EVENT
+        if m != "event_admm_dz"
+    }
+    assert len(keys) == 1
+    other = bench.key_of(
+        setting, bench.Spec("event_admm_decay", (("rho", 0.1), ("delta", 1.0)), 0, (1.0, 0.1))
+    )
+    assert other not in keys
+    assert bench.algorithm_table("scaffold_code", {"fraction": 0.1, "lr": 0.03}, setting)["option"] == (
+        "event_admm_code"
+    )
+
+
+def test_choice_targets_and_the_best_baseline_come_from_the_tuning_runs_only(monkeypatch):
+    """Two tuning seeds. FedAvg at C = 1 reaches 0.8 in round 1 on both (20 and 40 events a round);
+    at C = 0.5 it is faster on seed 0 but never reaches on seed 1, so it is out."""
+    bench = event_benchmark()
+    p = protocol.Protocol("tuning_seeds", (0, 1), (10, 11, 12, 13, 14))
+    fedavg = protocol.grid("fedavg", fraction=[0.5, 1.0])
+    event = protocol.grid("event_admm", rho=[0.1], delta=[0.0, 2.0])
+    monkeypatch.setattr(bench, "searches", lambda setting: {"fedavg": fedavg, "event_admm": event})
+    up = [0.8, 0.8, 0.8]
+    tuned = {
+        ("fedavg", "fraction=0.5", 0): fake_run(bench, "fedavg", "fraction=0.5", 0, up, 5),
+        ("fedavg", "fraction=0.5", 1): fake_run(bench, "fedavg", "fraction=0.5", 1, [0.1] * 3, 5),
+        ("fedavg", "fraction=1.0", 0): fake_run(bench, "fedavg", "fraction=1.0", 0, up, 20),
+        ("fedavg", "fraction=1.0", 1): fake_run(bench, "fedavg", "fraction=1.0", 1, up, 40),
+        ("event_admm", "rho=0.1,delta=0.0", 0): fake_run(bench, "e", "", 0, up, 20),
+        ("event_admm", "rho=0.1,delta=0.0", 1): fake_run(bench, "e", "", 1, up, 20),
+        ("event_admm", "rho=0.1,delta=2.0", 0): fake_run(bench, "e", "", 0, [0.7, 0.9, 0.9], 5),
+        ("event_admm", "rho=0.1,delta=2.0", 1): fake_run(bench, "e", "", 1, [0.7, 0.9, 0.9], 5),
+    }
+    choice = bench.choose({"target_offsets": [0.0, 0.05]}, tuned, p)
+    # ceiling: the best mean (over tuning seeds) of best trailing means: 0.8 for C = 1 and Delta = 0;
+    # Delta = 2's trailing means are 0.7, 0.8, 0.8333: ceiling 0.8333 -> targets 0.83 and 0.78
+    assert choice["ceiling"] == pytest.approx(2.5 / 3) and choice["targets"] == [0.83, 0.78]
+    at = choice["chosen"]["fedavg"]["0.78"]
+    assert at.label == "fraction=1.0" and at.scores == {"fraction=0.5": None, "fraction=1.0": 30.0}
+    assert choice["chosen"]["fedavg"]["0.83"].point is None
+    assert choice["chosen"]["event_admm"]["0.78"].label == "rho=0.1,delta=2.0"  # 10 events (round 2) < 20
+    assert choice["best_baseline"] == {"0.83": None, "0.78": "fedavg"}
+
+
+def test_savings_are_paired_ratios_and_claimed_only_where_the_interval_excludes_one():
+    bench = event_benchmark()
+    fedadmm = {"knob": "k", "per_seed": [100.0, 120.0, 80.0, 100.0, 110.0], "reached": 5}
+    event = {"knob": "k", "per_seed": [50.0, 60.0, 40.0, 55.0, 50.0], "reached": 5}
+    out = bench.compare(event, fedadmm, ("event_admm", "fedadmm"))
+    ratios = [0.5, 0.5, 0.5, 0.55, 50 / 110]
+    assert out["paired"]["mean"] == pytest.approx(math.exp(sum(map(math.log, ratios)) / 5))
+    assert out["paired"]["direction"] == -1 and out["claim"] is True  # whole interval below 0.65
+    assert out["sentence"].startswith("event_admm needs 50% fewer events than fedadmm (better)")
+    close = {"knob": "k", "per_seed": [90.0, 130.0, 70.0, 110.0, 100.0], "reached": 5}
+    assert bench.compare(close, fedadmm, ("e", "f"))["paired"]["direction"] == 0
+    short = {"knob": "k", "per_seed": [50.0, None, 40.0, 55.0, 50.0], "reached": 4}
+    missed = bench.compare(short, fedadmm, ("e", "f"))
+    assert missed["paired"] is None and "reached on 4 and 5 of 5 report seeds" in missed["sentence"]
+    lines = bench.conclusions({"fedadmm": {"event_admm": {"0.8": out}}}, [0.8])
+    assert lines[0].startswith("At 80%, against fedadmm: event_admm needs 50% fewer events")
+    assert lines[-1].endswith("against fedadmm: event_admm at 80%.")
 
 
 def test_the_pareto_front_drops_dominated_configurations():
     bench = event_benchmark()
-    runs = [
-        fake_run(bench, "fedavg", "a", 0, [0.7], 10),  # 10 events, 0.7
-        fake_run(bench, "fedavg", "b", 0, [0.8], 20),  # 20 events, 0.8
-        fake_run(bench, "fedavg", "c", 0, [0.75], 30),  # dominated by b
-    ]
-    assert [p["knob"] for p in bench.pareto(runs)["fedavg"]] == ["a", "b"]
+    tuned = {
+        ("fedavg", "a", 0): fake_run(bench, "fedavg", "a", 0, [0.7], 10),  # 10 events, 0.7
+        ("fedavg", "b", 0): fake_run(bench, "fedavg", "b", 0, [0.8], 20),  # 20 events, 0.8
+        ("fedavg", "c", 0): fake_run(bench, "fedavg", "c", 0, [0.75], 30),  # dominated by b
+    }
+    assert [p["knob"] for p in bench.pareto(tuned)["fedavg"]] == ["a", "b"]
 
 
-def test_every_method_gets_the_same_tuning_budget():
+def test_a_target_the_initial_model_already_reaches_gives_no_ratio():
     bench = event_benchmark()
-    for quick in (True, False):
-        for setting in (bench.setting_a(quick), bench.setting_b(quick)):
-            sizes = {len(g) for g in bench.grids(setting).values()}
-            assert len(sizes) == 1
+    zero = {"knob": "k", "per_seed": [0.0, 10.0], "reached": 2}
+    out = bench.compare(zero, {"knob": "k", "per_seed": [5.0, 10.0], "reached": 2}, ("e", "f"))
+    assert out["paired"] is None and out["cell"] == "n/a (reached before any event)"

@@ -69,6 +69,7 @@ def test_docs_label_a_smoke_run_and_print_intervals_only_where_there_are_seeds(r
         "attacks": {
             "scale": {"0.2": {"mean": robustness.cell([0.1]), "median": robustness.cell([0.4, 0.5, 0.6])}}
         },
+        "tuning": {"scale": {"mean": 0.1, "median": 0.5}},
         "privacy": {"inf": robustness.cell([0.5])},
         "secagg": {
             "10": {
@@ -124,18 +125,36 @@ def test_the_target_picks_the_best_rule_and_asks_its_interval_to_clear_clean_min
             },
         },
     }
+    # the tuning seeds choose the rule: median for sign_flip, median for scale
+    results["tuning"] = {
+        "sign_flip": {"mean": 0.1, "median": 0.77, "krum": 0.71},
+        "scale": {"mean": 0.0, "median": 0.7},
+    }
     rows = robustness.target(results)
     assert rows == [
         ["sign_flip", "0.100", "median", "0.780 [0.760, 0.800]", "+2.0", "yes", "no"],
         ["scale", "0.050", "median", "0.760", "+4.0", "no", "n/a"],
+    ]
+    # a rule best on the tuning seeds is read on the report seeds, even where another is higher there
+    results["tuning"]["sign_flip"] = {"mean": 0.1, "median": 0.70, "krum": 0.72}
+    assert robustness.target(results)[0] == [
+        "sign_flip",
+        "0.100",
+        "krum",
+        "0.700 [0.690, 0.710]",
+        "+10.0",
+        "no",
+        "no",
     ]
 
 
 def test_every_grid_cell_has_one_run_per_seed_and_distinct_names(robustness):
     s = robustness.scale(quick=False)
     jobs = robustness.attack_jobs(s) | robustness.privacy_jobs(s)
-    # 6 attacks x 3 fractions x 7 rules x 3 seeds, 3 clean runs, 5 epsilons x 3 seeds
-    assert len(jobs) == 6 * 3 * 7 * 3 + 3 + 5 * 3
+    # 6 attacks x 3 fractions x 7 rules x 5 report seeds, 6 attacks x 7 rules x 2 tuning seeds at 20%,
+    # 5 clean runs, 5 epsilons x 5 seeds
+    assert len(jobs) == 6 * 3 * 7 * 5 + 6 * 7 * 2 + 5 + 5 * 5
+    assert not set(s["tuning_seeds"]) & set(s["seeds"])
     assert len({name for name, _ in jobs.values()}) == len(jobs)
     _, config = jobs[("little_is_enough", 0.3, "krum", 2)]
     assert config["seed"] == 2 and config["aggregation"] == {"kind": "krum", "byzantine": 3}

@@ -63,7 +63,7 @@ def test_uplink_trigger_fires_exactly_at_the_threshold():
     x = {"w": torch.tensor([3.0, 4.0], dtype=torch.float64)}  # ||v - last|| = 5 with u = 0, last = 0
     for delta, fires in ((5.0, True), (5.0 + 1e-12, False), (4.999, True)):
         algorithm = EventADMM(EventADMMConfig(delta=delta))
-        out = algorithm.finish(ctx_for({}, None), z, {"w": torch.zeros(2, dtype=torch.float64)}, x, None, {})
+        out = algorithm.finish(ctx_for({}, None), z, {"w": torch.zeros(2, dtype=torch.float64)}, x, {})
         assert (out.uplink is not None) == fires
         assert torch.equal(out.state["last/w"], x["w"] if fires else z["w"])
 
@@ -108,20 +108,18 @@ def test_per_agent_rho_is_rho_over_n_p_i():
     assert EventADMM(EventADMMConfig(rho=2.0, per_agent_rho=False)).rho_i(ctx) == 2.0
 
 
-def test_dual_update_uses_the_newest_z_held_and_momentum_persists():
+def test_dual_update_uses_the_newest_z_held():
     algorithm = EventADMM(EventADMMConfig(local={"momentum": 0.9}))
     held = {
         "x_hat/w": torch.tensor([1.0]),
         "u/w": torch.tensor([0.5]),
         "z_hat/w": torch.tensor([0.0]),
         "last/w": torch.tensor([0.0]),
-        "momentum/w": torch.tensor([7.0]),
     }
     work = algorithm.client_begin(ctx_for(held, Message({"w": np.array([2.0], np.float32)})))
     torch.testing.assert_close(work.consts["u"]["w"], torch.tensor([0.5 + 1.0 - 2.0]))  # u + x_hat - z
     torch.testing.assert_close(work.consts["anchor"]["w"], torch.tensor([2.0 - (-0.5)]))  # z - u
     torch.testing.assert_close(work.params["w"], torch.tensor([2.0]))  # warm start from z
-    assert work.momentum["w"].item() == 7.0
     stale = algorithm.client_begin(ctx_for(held, None))  # nothing arrived: keep the held z
     torch.testing.assert_close(stale.params["w"], torch.tensor([0.0]))
 
@@ -179,13 +177,13 @@ def test_the_three_trigger_units_and_the_remembered_z_step_by_hand():
     # relative: send iff ||v - last|| >= Delta ||last|| = 2.5; v = x + u = (4.5, 6) is 2.5 from last
     for delta, fires in ((0.5, True), (0.5 + 1e-9, False)):
         relative = EventADMM(EventADMMConfig(delta=delta, trigger="relative"))
-        out = relative.finish(ctx, w(0.3, 0.4), w(0.5, 1.0), w(4.0, 5.0), None, {})
+        out = relative.finish(ctx, w(0.3, 0.4), w(0.5, 1.0), w(4.0, 5.0), {})
         assert (out.uplink is not None) == fires
         assert out.info["trigger_norm"] == pytest.approx(2.5) and out.info["trigger_unit/relative"] == 5.0
         assert "z_step" not in out.state
     # progress: unit N * 0.5 = 2.5; the step is remembered in the state for the fade
     progress = EventADMM(EventADMMConfig(delta=1.0, trigger="progress"))
-    out = progress.finish(ctx, w(0.3, 0.4), w(0.5, 1.0), w(4.0, 5.0), None, {})
+    out = progress.finish(ctx, w(0.3, 0.4), w(0.5, 1.0), w(4.0, 5.0), {})
     assert out.uplink is not None and float(out.state["z_step"]) == pytest.approx(0.5)
     assert out.state["z_step"].dtype == torch.float64
 
@@ -198,8 +196,8 @@ def test_thresholds_decay_resets_and_the_default_downlink_threshold():
     assert config.delta_z == pytest.approx(0.08) and EventADMMConfig(delta=8.0, delta_z=1.0).delta_z == 1.0
     # a reset round makes every agent send, however small its change
     quiet = EventADMM(EventADMMConfig(delta=1e6, reset_every=3))
-    assert quiet.finish(ctx_for({}, None, round=3), w(0.0), w(0.0), w(1.0), None, {}).uplink is not None
-    assert quiet.finish(ctx_for({}, None, round=4), w(0.0), w(0.0), w(1.0), None, {}).uplink is None
+    assert quiet.finish(ctx_for({}, None, round=3), w(0.0), w(0.0), w(1.0), {}).uplink is not None
+    assert quiet.finish(ctx_for({}, None, round=4), w(0.0), w(0.0), w(1.0), {}).uplink is None
 
 
 def test_after_a_reset_round_the_server_remembers_the_z_it_broadcast():
@@ -219,14 +217,16 @@ def test_after_a_reset_round_the_server_remembers_the_z_it_broadcast():
 
 def test_an_agent_that_never_heard_z_stays_silent_and_momentum_can_be_dropped():
     algorithm = EventADMM(EventADMMConfig(local={"momentum": 0.9}, persistent_momentum=False))
+    assert algorithm.config.local.optimizer_state == "reset"  # persistent_momentum is that key
     assert algorithm.client_begin(ctx_for({}, None)).uplink is None
     work = algorithm.client_begin(ctx_for({}, Message({"w": np.array([2.0])})))  # first z: u = 0
-    assert torch.equal(work.consts["u"]["w"], torch.zeros(1, dtype=torch.float64)) and work.momentum is None
-    held = {"x_hat/w": torch.tensor([1.0]), "u/w": torch.tensor([0.0]), "z_hat/w": torch.tensor([0.0])}
-    held |= {"last/w": torch.tensor([0.0]), "momentum/w": torch.tensor([7.0])}
-    assert algorithm.client_begin(ctx_for(held, None)).momentum is None
-    out = algorithm.finish(ctx_for({}, None), w(0.0), w(0.0), w(1.0), w(7.0), {})
-    assert not any(k.startswith("momentum/") for k in out.state)
+    assert torch.equal(work.consts["u"]["w"], torch.zeros(1, dtype=torch.float64))
+    assert work.optimizer_state is None
+    out = algorithm.finish(ctx_for({}, None), w(0.0), w(0.0), w(1.0), {})
+    assert sorted(out.state) == ["last/w", "u/w", "x_hat/w", "z_hat/w"]
+    assert EventADMM(EventADMMConfig()).config.local.optimizer_state == "keep"  # the authors' default
+    with pytest.raises(ValueError, match="contradicts"):
+        EventADMMConfig(persistent_momentum=True, local={"optimizer_state": "reset"})
 
 
 def sgd_x_update_by_hand(a, b, start, anchor, rho, steps, lr, beta, buf):
@@ -280,7 +280,12 @@ def test_sgd_x_updates_with_persistent_momentum_two_rounds_by_hand():
         torch.testing.assert_close(state.z["w"], z, rtol=1e-12, atol=1e-12)
         for i in range(2):
             held = fed.executor.pipeline.store.get(i)
-            for key, expected in (("u", u[i]), ("x_hat", x[i]), ("last", v[i]), ("momentum", bufs[i])):
+            for key, expected in (
+                ("u", u[i]),
+                ("x_hat", x[i]),
+                ("last", v[i]),
+                ("optimizer/momentum_buffer", bufs[i]),
+            ):
                 torch.testing.assert_close(held[f"{key}/w"], expected, rtol=1e-12, atol=1e-12, msg=key)
             assert heard[round][i]["train_loss"] == pytest.approx(paths[i][2], rel=1e-12)
 
@@ -288,7 +293,7 @@ def test_sgd_x_updates_with_persistent_momentum_two_rounds_by_hand():
 def test_over_relaxation_by_hand():
     """x_hat = alpha x + (1 - alpha) z_hat: alpha = 1.5, x = (2, 4), z_hat = (1, 0), u = (0.5, 0)."""
     algorithm = EventADMM(EventADMMConfig(relaxation=1.5))
-    out = algorithm.finish(ctx_for({}, None), w(1.0, 0.0), w(0.5, 0.0), w(2.0, 4.0), None, {})
+    out = algorithm.finish(ctx_for({}, None), w(1.0, 0.0), w(0.5, 0.0), w(2.0, 4.0), {})
     assert out.state["x_hat/w"].tolist() == [2.5, 6.0]  # 1.5 (2, 4) - 0.5 (1, 0)
     assert out.state["u/w"].tolist() == [0.5, 0.0] and out.state["z_hat/w"].tolist() == [1.0, 0.0]
     assert out.uplink.arrays["w"].tolist() == [3.0, 6.0] and out.state["last/w"].tolist() == [3.0, 6.0]

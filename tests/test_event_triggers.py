@@ -32,7 +32,7 @@ def test_relative_threshold_is_delta_times_the_norm_of_the_last_sent_vector():
     # v = x + u = (6, 8) + (3, 4): ||v - last|| = 5, ||last|| = 10, so the threshold 0.5 * 10 = 5 fires
     for delta, fires in ((0.5, True), (0.5 + 1e-12, False)):
         algorithm = EventADMM(EventADMMConfig(delta=delta, trigger="relative"))
-        out = algorithm.finish(ctx_for(held, None), vec(0.0, 0.0), vec(0.0, 0.0), vec(9.0, 12.0), None, {})
+        out = algorithm.finish(ctx_for(held, None), vec(0.0, 0.0), vec(0.0, 0.0), vec(9.0, 12.0), {})
         assert (out.uplink is not None) == fires
         assert out.info["trigger_norm"] == 5.0 and out.info["trigger_unit/relative"] == 10.0
 
@@ -43,13 +43,13 @@ def test_progress_threshold_is_delta_n_times_the_last_z_step_and_fades_in_silenc
     # a new z = (0.3, 0.4) arrived: step 0.5, unit N * 0.5 = 2.5, threshold 0.25; v = (0.15, 0.2) + z
     z = vec(0.3, 0.4)
     out = algorithm.finish(
-        ctx_for(held, Message({"w": np.array([0.3, 0.4])})), z, vec(0.0, 0.0), vec(0.45, 0.6), None, {}
+        ctx_for(held, Message({"w": np.array([0.3, 0.4])})), z, vec(0.0, 0.0), vec(0.45, 0.6), {}
     )
     assert out.info["trigger_unit/progress"] == pytest.approx(2.5)
     assert out.uplink is not None  # ||v - last|| = 0.75 >= 0.25
     assert out.state["z_step"].item() == pytest.approx(0.5)
     # next round nothing new arrives: the remembered step fades to 0.25, unit 1.25, threshold 0.125
-    quiet = algorithm.finish(ctx_for(out.state, None), z, vec(0.0, 0.0), vec(0.39, 0.52), None, {})
+    quiet = algorithm.finish(ctx_for(out.state, None), z, vec(0.0, 0.0), vec(0.39, 0.52), {})
     assert quiet.info["trigger_unit/progress"] == pytest.approx(1.25)
     assert quiet.info["trigger_norm"] == pytest.approx(0.1)  # ||(0.39, 0.52) - (0.45, 0.6)||
     assert quiet.uplink is None and quiet.state["z_step"].item() == pytest.approx(0.25)

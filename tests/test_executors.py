@@ -20,6 +20,18 @@ ALGORITHMS = [
     {"name": "scaffold", "option": "I"},
     {"name": "fedadmm", "rho": 0.1},
     {"name": "event_admm", "rho": 0.1, "delta": 0.05, "local": {"momentum": 0.9}},
+    # issue 44: Adam kept across rounds with schedules over steps and rounds; AdamW; Nesterov; bf16
+    {
+        "name": "fedavg",
+        "local": {
+            "optimizer": "adam",
+            "optimizer_state": "keep",
+            "schedule": {"kind": "cosine", "warmup": 1},
+            "round_schedule": {"kind": "step", "gamma": 0.5},
+        },
+    },
+    {"name": "scaffold", "local": {"optimizer": "adamw", "weight_decay": 0.1, "clip_norm": 0.5}},
+    {"name": "fedprox", "mu": 0.1, "local": {"momentum": 0.9, "nesterov": True, "optimizer_state": "keep"}},
 ]
 
 

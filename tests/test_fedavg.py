@@ -208,12 +208,12 @@ def test_fedbn_buffers_make_fedavg_stateful_and_never_travel_up():
 
     algorithm = FedAvg(FedAvgConfig())
     assert algorithm.keeps_client_state is False and algorithm.local_buffers == frozenset()
-    algorithm.keep_buffers_local(frozenset({"bn"}))
+    algorithm.use_buffers(frozenset({"bn"}), local=True)
     assert algorithm.keeps_client_state is True and algorithm.local_buffers == frozenset({"bn"})
     state = FedAvgState({"w": torch.zeros(2), "bn": torch.zeros(3)})
     assert list(algorithm.uplink_spec(state)) == ["w"]
     received = Message({"w": np.array([1.0, 2.0], np.float32), "bn": np.zeros(3, np.float32)})
-    own = {"bn": torch.tensor([5.0, 6.0, 7.0])}
+    own = {"buffers/bn": torch.tensor([5.0, 6.0, 7.0])}
     first = algorithm.client_begin(ClientContext(0, 1, received, None, 4, Streams(0), None, None))
     assert first.params["bn"].tolist() == [0.0, 0.0, 0.0]  # first round: the broadcast's statistics
     work = algorithm.client_begin(ClientContext(0, 2, received, own, 4, Streams(0), None, None))
@@ -225,6 +225,6 @@ def test_fedbn_buffers_make_fedavg_stateful_and_never_travel_up():
         TrainResult(trained, None, 1, 0.5),
     )
     assert list(out.uplink.arrays) == ["w"] and out.uplink.arrays["w"].tolist() == [-1.0, 0.5]
-    assert list(out.state) == ["bn"] and out.state["bn"].tolist() == [1.0, 1.0, 1.0]
-    algorithm.keep_buffers_local(frozenset())
+    assert list(out.state) == ["buffers/bn"] and out.state["buffers/bn"].tolist() == [1.0, 1.0, 1.0]
+    algorithm.use_buffers(frozenset())
     assert algorithm.keeps_client_state is False

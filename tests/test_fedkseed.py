@@ -151,7 +151,7 @@ def test_uplink_checks_at_their_boundaries():
 
 @pytest.mark.parametrize("local", [{"weight_decay": 0.1}, {"clip_norm": 1.0}])
 def test_fedkseed_refuses_weight_decay_and_clipping_too(local):
-    with pytest.raises(ValueError, match=r"remove algorithm\.local\.momentum, weight_decay and clip_norm"):
+    with pytest.raises(ValueError, match=r"remove algorithm\.local\.momentum, weight_decay, clip_norm"):
         FedKSeedConfig(local=local)
 
 

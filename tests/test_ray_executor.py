@@ -121,15 +121,19 @@ def sequential(tmp_path, cfg, rounds):
 
 
 @pytest.mark.parametrize(
-    "algorithm",
+    ("algorithm", "compression"),
     [
-        {"name": "fedavg", "local": {"momentum": 0.9}},
-        {"name": "event_admm", "rho": 0.1, "delta": 0.05},
+        ({"name": "fedavg", "local": {"momentum": 0.9}}, {}),
+        ({"name": "event_admm", "rho": 0.1, "delta": 0.05}, {}),
+        (  # error memory is client state: it goes through the keeper under the acceptance rule
+            {"name": "event_admm", "rho": 0.1, "delta": 0.05, "uplink": "change"},
+            {"up": ["topk"], "up_feedback": "memory", "down": ["int8"]},
+        ),
     ],  # SCAFFOLD: in the fault test, which checks the same against the sequential executor
-    ids=lambda a: a["name"],
+    ids=["fedavg", "event_admm", "event_admm-compressed"],
 )
-def test_ray_agrees_with_sequential_on_two_nodes(cluster, tmp_path, algorithm):
-    cfg = config(cluster, algorithm)
+def test_ray_agrees_with_sequential_on_two_nodes(cluster, tmp_path, algorithm, compression):
+    cfg = config(cluster, algorithm, compression=compression)
     reference, ref_reports, ref = sequential(tmp_path, cfg, 2)
     exp = prepare(cfg, tmp_path / "ray")
     executor = exp.federation.executor
@@ -274,3 +278,17 @@ def test_a_run_that_fails_after_its_actors_started_releases_them(cluster, tmp_pa
     with pytest.raises(DataError, match="no data here"):
         prepare(config(cluster, {"name": "fedavg"}), tmp_path / "ray")
     assert free_cpus_become(2)
+
+
+def test_client_side_evaluation_on_ray_never_trains_on_held_out_samples(cluster, tmp_path):
+    """[eval] clients (issue 44) with the Ray executor: the held-out samples' weight columns never
+    move, and the per-client scores are the sequential run's."""
+    from tests.test_client_eval import one_hot_run
+
+    ray_run, moved, _ = one_hot_run(tmp_path, "ray", {"executor": "ray", "ray_address": cluster.address})
+    sequential_run, _, _ = one_hot_run(tmp_path, "sequential", {"executor": "sequential"})
+    assert int((~moved).sum()) == 4 * 3
+    for row, expected in zip(ray_run.metrics, sequential_run.metrics, strict=True):
+        assert row["eval_clients"] == expected["eval_clients"]
+        by_client = row["client_loss_by_client"]
+        assert by_client == pytest.approx(expected["client_loss_by_client"], rel=1e-5)

@@ -1,5 +1,7 @@
 """Secure aggregation: exact sums, dropout recovery, masked vectors that say nothing, bytes counted."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -151,3 +153,132 @@ def test_secagg_configs_that_cannot_work_fail_before_work():
         tiny_config(algorithm={"name": "scaffold"}, secagg={"enabled": True})
     with pytest.raises(ConfigError, match="only sum"):
         tiny_config(aggregation={"kind": "median"}, secagg={"enabled": True})
+
+
+class DropOne(Channel):
+    """A channel that loses exactly the messages of one SecAgg stage to or from one client."""
+
+    def __init__(self, ledger, stage, victim):
+        super().__init__(ledger, Streams(0))
+        self.stage, self.victim = stage, victim
+
+    def send(self, direction, round, client, message):
+        if message.meta.get("secagg") == self.stage and client == self.victim:
+            self.ledger.record(round, client, direction, len(encode(message)), delivered=False)
+            return None
+        return super().send(direction, round, client, message)
+
+
+STAGES = {  # stage: whether the victim's input is still in the sum
+    "keys": False,
+    "peer_keys": False,
+    "shares": False,
+    "routed": False,  # issue 39: this one crashed the run with KeyError
+    "masked": False,
+    "unmask_request": True,
+    "unmask": True,
+}
+
+
+@pytest.mark.parametrize("graph", ["complete", "sparse"])
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_drop_at_any_stage_leaves_the_exact_sum_of_the_survivors(stage, graph):
+    xs = inputs(dim=50)
+    ledger = Ledger()
+    secagg = SecureSum(SecAggConfig(enabled=True, graph=graph, neighbours=4), Streams(7))
+    survivors, total = secagg.run(DropOne(ledger, stage, 5), 1, xs)
+    assert (5 in survivors) == STAGES[stage]
+    assert survivors == [c for c in CLIENTS if c != 5 or STAGES[stage]]
+    want = np.sum([xs[c] for c in survivors], axis=0, dtype=np.uint64).astype(np.uint32)
+    assert np.array_equal(total, want)
+    lost = ledger.totals(Direction.UP).messages_sent - ledger.totals(Direction.UP).messages_delivered
+    lost += ledger.totals(Direction.DOWN).messages_sent - ledger.totals(Direction.DOWN).messages_delivered
+    assert lost == 1  # exactly the one message, counted as sent and not delivered
+
+
+@pytest.mark.parametrize("graph", ["complete", "sparse"])
+def test_random_drops_at_every_stage_give_the_exact_sum_or_secagg_failed(graph):
+    """Per-message drops both ways: every run either unmasks the survivors' exact sum or fails
+    with SecAggFailed (the pipeline then skips the round), never with another exception."""
+    xs = inputs(dim=20)
+    outcomes = {"sum": 0, "failed": 0}
+    for seed in range(40):
+        channel = Channel(Ledger(), Streams(seed), drop_up=0.15, drop_down=0.15)
+        secagg = SecureSum(SecAggConfig(enabled=True, graph=graph, neighbours=4), Streams(seed))
+        try:
+            survivors, total = secagg.run(channel, 1, xs)
+        except SecAggFailed:
+            outcomes["failed"] += 1
+            continue
+        want = np.sum([xs[c] for c in survivors], axis=0, dtype=np.uint64).astype(np.uint32)
+        assert len(survivors) >= 2 and np.array_equal(total, want)
+        outcomes["sum"] += 1
+    assert outcomes["sum"] > 0 and outcomes["failed"] > 0
+
+
+def test_drops_hit_every_stage_not_only_the_first_message():
+    """Issue 39: one drop draw per (round, client, direction) made all 499 drops of 200 rounds
+    first-stage key messages, so share recovery never ran in simulation."""
+    dropped: dict[str, int] = {}
+    channel = Channel(Ledger(), Streams(3), drop_up=0.3)
+    send = channel.send
+
+    def spy(direction, round, client, message):
+        got = send(direction, round, client, message)
+        if got is None:
+            dropped[message.meta["secagg"]] = dropped.get(message.meta["secagg"], 0) + 1
+        return got
+
+    channel.send = spy
+    secagg = SecureSum(SecAggConfig(enabled=True), Streams(3))
+    for round in range(1, 41):
+        with contextlib.suppress(SecAggFailed):  # a failed round's drops count too
+            secagg.run(channel, round, inputs(dim=10, seed=round))
+    assert set(dropped) == {"keys", "shares", "masked", "unmask"}  # every uplink stage loses messages
+
+
+def test_fewer_than_two_masked_inputs_are_not_unmasked():
+    """The sum of one input is that input: the server stops before asking for any share."""
+    xs = {c: x for c, x in inputs(dim=10).items() if c in (2, 3)}
+    secagg, _, _ = secure()
+    ledger = Ledger()
+    with pytest.raises(SecAggFailed, match="fewer than two"):
+        secagg.run(DropOne(ledger, "masked", 3), 1, xs)
+    # keys, peer keys, shares, routed shares, one masked input: no unmasking request, no reply
+    assert ledger.totals(Direction.DOWN).messages_sent == 2 * 2
+    assert ledger.totals(Direction.UP).messages_sent == 2 * 2 + 2
+
+
+def test_keys_and_masks_do_not_come_from_the_run_seed():
+    """Two runs of the protocol with one seed: the same sum, other keys and other masked vectors
+    (the seed is public; keys drawn from it would let anyone unmask every update)."""
+    seen = []
+    for _ in range(2):
+        channel = Channel(Ledger(), Streams(0))
+        masked, keys = {}, {}
+        send = channel.send
+
+        def spy(direction, round, client, message, masked=masked, keys=keys, send=send):
+            if message.meta.get("secagg") == "masked":
+                masked[client] = message.arrays["y"].copy()
+            if message.meta.get("secagg") == "keys":
+                keys[client] = message.arrays["c_pk"].tobytes()
+            return send(direction, round, client, message)
+
+        channel.send = spy
+        _, total = SecureSum(SecAggConfig(enabled=True), Streams(7)).run(channel, 1, inputs(dim=100))
+        seen.append((total, masked, keys))
+    (t1, m1, k1), (t2, m2, k2) = seen
+    assert np.array_equal(t1, t2)
+    assert all(k1[c] != k2[c] and not np.array_equal(m1[c], m2[c]) for c in CLIENTS)
+
+
+def test_a_secagg_run_with_drops_both_ways_finishes_and_no_statistic_bypasses_the_channel(tmp_path):
+    config = tiny_config(
+        rounds=4,
+        algorithm={"name": "fedavg", "fraction": 0.75},
+        channel={"drop_up": 0.2, "drop_down": 0.2},
+        secagg={"enabled": True, "clip": 1.0},
+    )
+    rows = start(config, tmp_path / "run", progress=False).read_metrics()
+    assert len(rows) == 5 and all(r["train_loss"] is None for r in rows)  # the server never saw one

@@ -26,6 +26,7 @@ from taciturn.experiments import types
 from taciturn.experiments.config import ConfigError, read_tree
 from taciturn.experiments.export import export as _export
 from taciturn.experiments.export import load_model
+from taciturn.experiments.progress import show_progress
 from taciturn.experiments.user import UserObjects
 from taciturn.report.rundir import RunDir
 
@@ -46,6 +47,11 @@ class Result:
     def model(self) -> nn.Module:
         """The trained global model as an instance of the run's model class (a copy of the one given)."""
         return load_model(self.dir, self.objects.model)
+
+    @property
+    def best_model(self) -> nn.Module:
+        """The best model the run kept (``[checkpoint] best = "<metric>"``), as ``model`` is the last."""
+        return load_model(self.dir, self.objects.model, best=True)
 
 
 def _describe(value: Any) -> str:
@@ -104,7 +110,7 @@ def run(
     metrics: Mapping[str, Callable] | None = None,
     out: str | Path | None = None,
     overwrite: bool = False,
-    progress: bool = False,
+    progress: bool | None = None,
     report: bool = True,
 ) -> Result:
     """Run a federated experiment, as ``taciturn run`` does, into ``out`` (default runs/<name>).
@@ -113,6 +119,8 @@ def run(
     dataset (a (train, test) pair, a DatasetDict, or one set of which a seeded 10% is held out).
     ``loss(outputs, targets)`` returns a batch's mean loss; ``metrics`` maps names to
     ``metric(outputs, targets)`` (per-sample values or a batch mean), reported every evaluation.
+    ``progress``: a progress bar (rich) of rounds, the leading metric and bytes; by default shown in
+    a terminal or a notebook, not when the output goes to a file; False silences it.
     """
     objects = _objects(model, data, loss, metrics)
     tree, source = _tree(config)
@@ -124,6 +132,7 @@ def run(
         raise ConfigError(f"model=, data= and loss= apply to federated runs, not to type = '{parsed.type}'")
     out = Path(out or Path("runs") / parsed.name)
     options = {"objects": objects} if given else {}
+    progress = show_progress() if progress is None else progress
     rundir = types.start(parsed, out, report=report, overwrite=overwrite, progress=progress, **options)
     return Result(rundir.path, objects)
 
@@ -134,12 +143,13 @@ def resume(
     data: Any = None,
     loss: Callable | None = None,
     metrics: Mapping[str, Callable] | None = None,
-    progress: bool = False,
+    progress: bool | None = None,
     report: bool = True,
 ) -> Result:
     """Continue a run from its last checkpoint; runs given Python objects need them again."""
     objects = _objects(model, data, loss, metrics)
     options = {"objects": objects} if _any(objects) else {}
+    progress = show_progress() if progress is None else progress
     rundir = types.resume(Path(run_dir), report=report, progress=progress, **options)
     return Result(rundir.path, objects)
 
@@ -151,7 +161,9 @@ def export(
     round: int | None = None,
     model: nn.Module | None = None,
     overwrite: bool = False,
+    best: bool = False,
 ) -> Path:
-    """Write the run's global model (of its last checkpoint, or of ``round``): a safetensors
-    state_dict for ``model.load_state_dict``, or a Hugging Face ``save_pretrained`` folder ("hf")."""
-    return _export(run_dir, out, format, round, model, overwrite)
+    """Write the run's global model (of its last checkpoint, of ``round``, or with ``best`` the best
+    one kept): a safetensors state_dict for ``model.load_state_dict``, or a Hugging Face
+    ``save_pretrained`` folder ("hf")."""
+    return _export(run_dir, out, format, round, model, overwrite, best)

@@ -75,7 +75,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     from taciturn.experiments.export import export
 
     path = export(
-        _existing_run(args.run).path, Path(args.out), args.format, args.round, overwrite=args.overwrite
+        _existing_run(args.run).path,
+        Path(args.out),
+        args.format,
+        args.round,
+        overwrite=args.overwrite,
+        best=args.best,
     )
     console.print(f"exported: [bold]{path}[/]")
     return 0
@@ -188,7 +193,7 @@ report on it, compare runs, export the trained model.
   taciturn demo                         FedAvg and event-based ADMM on Fashion-MNIST, in one report
   taciturn run CONFIG.toml              a run into runs/<name>: metrics, ledger, checkpoints, report.html
   taciturn resume RUN_DIR               continue from the last checkpoint
-  taciturn export RUN_DIR --out m.safetensors   the trained model, for model.load_state_dict
+  taciturn export RUN_DIR --out m.safetensors   the trained model, for model.load_state_dict (--best)
   taciturn deploy app CONFIG.toml --app DIR --out RUN_DIR   the same run between machines (docs/deploy.md)
 
 Your own model and data: model.factory = "package.module:function" in the config, or
@@ -240,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="state_dict: safetensors for model.load_state_dict; hf: save_pretrained (Hugging Face models)",
     )
     export.add_argument("--round", type=int, help="a kept checkpoint's round (default: the last)")
+    export.add_argument(
+        "--best", action="store_true", help="the best model ([checkpoint] best) instead of the last"
+    )
     export.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     export.set_defaults(func=cmd_export)
 

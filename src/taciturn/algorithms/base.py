@@ -23,17 +23,17 @@ An algorithm never knows where clients run; executors never know an algorithm's 
 from __future__ import annotations
 
 import math
-import types
-import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, NamedTuple, Union
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from taciturn.algorithms.config import MAX_LR, StrictModel
+from taciturn.algorithms.schedule import Schedule
 from taciturn.core.message import Message
 from taciturn.core.params import Params, sub
 from taciturn.core.rng import Streams
@@ -43,52 +43,18 @@ from taciturn.tasks.base import ClientData
 
 Loss = Callable[[Params, Any], torch.Tensor]
 Consts = dict[str, Any]  # a pytree of tensors
-
-
-MAX_LR = 1e6  # larger learning rates or decays are typos (1e308 passes as finite, then overflows)
-
-
-class StrictModel(BaseModel):
-    """Config tables: unknown keys rejected, every float finite (inf and NaN refused), and numbers
-    must be numbers: a string ("10") or a boolean (true) where an integer or float goes is an error,
-    not coerced. (pydantic's own strict mode would also refuse TOML arrays for tuples.)"""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _numbers_are_numbers(cls, tree: Any) -> Any:
-        if isinstance(tree, dict):
-            for name, f in cls.model_fields.items():
-                value = tree.get(name)
-                if _numeric(f.annotation, False):
-                    items = [value]
-                elif isinstance(value, list | tuple) and _numeric(f.annotation, True):
-                    items = value
-                else:
-                    continue
-                for item in items:
-                    if isinstance(item, bool | str):
-                        raise ValueError(f"{name} must be a number, not {type(item).__name__} {item!r}")
-        return tree
-
-
-def _numeric(annotation: Any, in_tuple: bool) -> bool:
-    """Whether a field holds only numbers (``in_tuple``: a tuple of only numbers), None aside."""
-    while typing.get_origin(annotation) is Annotated:
-        annotation = typing.get_args(annotation)[0]
-    origin = typing.get_origin(annotation)
-    if origin in (Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return bool(args) and all(_numeric(a, in_tuple) for a in args)
-    if in_tuple:
-        args = typing.get_args(annotation)
-        return origin is tuple and bool(args) and all(_numeric(a, False) for a in args if a is not Ellipsis)
-    return annotation in (int, float)
+# What a link's float arrays are, for compression ([compression], compression/config.py):
+# "updates" (this round's change, applied to a model whose own dynamics correct what compression
+# got wrong: every compressor and feedback applies), "increments" (changes the receiver adds into a
+# running sum: SCAFFOLD's c, event ADMM's copies; EF21's server copy would stand for each increment
+# and the sum would drift, so only the memory, which keeps the sum exact up to what it holds),
+# "values" (a model or other quantities themselves: only compressors whose error is bounded per
+# value), "exact" (must arrive bit for bit).
+Carries = Literal["updates", "increments", "values", "exact"]
 
 
 class LocalConfig(StrictModel):
-    """How a client trains locally: a schedule of minibatches and an SGD optimizer."""
+    """How a client trains locally: a schedule of minibatches, an optimizer and its learning rate."""
 
     epochs: int = Field(
         1, ge=1, le=100_000, description="passes over the local data (ignored when steps is set)"
@@ -99,10 +65,58 @@ class LocalConfig(StrictModel):
     batch_size: int = Field(
         32, ge=1, description="minibatch size; a value >= the client's data is full-batch"
     )
+    optimizer: Literal["sgd", "adam", "adamw"] = Field(
+        "sgd", description="torch.optim.SGD, Adam or AdamW's update (engine/optimizers.py)"
+    )
     lr: float = Field(0.05, gt=0, le=MAX_LR, description="local learning rate")
-    momentum: float = Field(0.0, ge=0, lt=1, description="heavy-ball momentum (PyTorch SGD semantics)")
-    weight_decay: float = Field(0.0, ge=0, le=MAX_LR)
+    momentum: float = Field(0.0, ge=0, lt=1, description="sgd: heavy-ball momentum (PyTorch SGD semantics)")
+    nesterov: bool = Field(False, description="sgd: Nesterov momentum (needs momentum > 0)")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="adam, adamw: moment decay rates")
+    eps: float = Field(1e-8, gt=0, le=1, description="adam, adamw: added to the denominator")
+    weight_decay: float | None = Field(
+        None, ge=0, le=MAX_LR, description="L2 penalty (adamw: decoupled); default 0, adamw 0.01 as torch"
+    )
     clip_norm: float | None = Field(None, gt=0, description="clip each gradient to this global L2 norm")
+    optimizer_state: Literal["reset", "keep"] = Field(
+        "reset",
+        description="reset: a fresh optimizer every round; keep: momentum or Adam's moments and step "
+        "count are client state, stored when the server accepts the client's update",
+    )
+    schedule: Schedule = Field(Schedule(), description="the learning rate over a round's local steps")
+    round_schedule: Schedule = Field(Schedule(), description="the local learning rate over rounds")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="autocast of the forward pass (fp16 with a gradient scaler); weights stay fp32"
+    )
+
+    @model_validator(mode="after")
+    def _options_of_the_optimizer(self) -> LocalConfig:
+        fields = type(self).model_fields
+        given = [k for k in ("momentum", "nesterov", "betas", "eps") if getattr(self, k) != fields[k].default]
+        stray = [k for k in given if (k in ("momentum", "nesterov")) != (self.optimizer == "sgd")]
+        if stray:
+            owner = "'sgd'" if stray[0] in ("momentum", "nesterov") else "'adam' or 'adamw'"
+            raise ValueError(f"{', '.join(stray)} applies only with optimizer = {owner}")
+        if self.nesterov and not self.momentum:
+            raise ValueError("nesterov needs momentum > 0 (as torch.optim.SGD)")
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas must lie in [0, 1), got {list(self.betas)}")
+        if self.weight_decay is None:  # torch's defaults: AdamW decays 0.01, the others do not
+            object.__setattr__(self, "weight_decay", 0.01 if self.optimizer == "adamw" else 0.0)
+        return self
+
+    @property
+    def plain_sgd_steps(self) -> bool:
+        """SGD at one learning rate through the round, in fp32: what written-out algebra covers."""
+        return (
+            self.optimizer == "sgd"
+            and not self.nesterov
+            and self.schedule.constant
+            and self.precision == "fp32"
+        )
+
+    def round_lr(self, round: int) -> float:
+        """The local learning rate of a round (before the schedule over its steps)."""
+        return self.lr * self.round_schedule.factor(round - 1)
 
 
 class AlgorithmConfig(StrictModel):
@@ -126,6 +140,8 @@ class ClientContext:
     loss: Loss  # the task loss, a pure function of (params, batch)
     # names in the parameters that take no gradient (BatchNorm statistics)
     buffers: frozenset[str] = frozenset()
+    # the optimizer state this client kept from its last accepted round (optimizer_state = "keep")
+    optimizer_state: Params | None = None
 
     def batch_indices(self, config: LocalConfig) -> list[np.ndarray]:
         """Which samples each of this round's local steps uses, from the client's own seeded stream."""
@@ -146,14 +162,14 @@ class LocalTraining:
 
     params: Params
     consts: Consts
-    momentum: Params | None = None  # initial momentum buffer (None: zeros)
+    optimizer_state: Params | None = None  # where the optimizer starts (engine/optimizers.py; None: fresh)
     track_gradient: bool = False  # also return the mean gradient of the objective over the steps
 
 
 @dataclass
 class TrainResult:
     params: Params
-    momentum: Params | None
+    optimizer_state: Params | None  # the optimizer's state after the steps (None: it keeps none)
     steps: int
     mean_loss: float  # mean objective over the steps taken
     mean_gradient: Params | None = None  # mean objective gradient (raw: before decay/clipping), if tracked
@@ -196,20 +212,41 @@ class Algorithm(ABC):
     name: ClassVar[str]
     Config: ClassVar[type[AlgorithmConfig]]
     keeps_client_state: ClassVar[bool] = True  # False: clients are stateless (no store traffic)
-    # True: the algorithm's server averages every tensor a client sends back, so a model's floating
-    # buffers (BatchNorm statistics), carried in the parameters but never differentiated, are
-    # averaged like weights. Algorithms whose math is about gradients (control variates, duals,
-    # projections) leave it False and refuse such models.
-    averages_buffers: ClassVar[bool] = False
-    # The uplink arrays that form a model delta, by name prefix ("": all of them), which the server
-    # chain (server/aggregation.py: robust rules, clipping, DP) may combine; None: not a delta.
+    # True: the algorithm federates a model's floating buffers (BatchNorm statistics: carried in the
+    # parameters, updated by the forward pass, never differentiated). Its math (steps, proximal
+    # terms, control variates, duals, triggers) applies to the weights only; the buffers are
+    # averaged as the server averages models, or kept by each client (``use_buffers``, FedBN).
+    # False (projections onto shared bases, zeroth-order steps): models with buffers are refused.
+    supports_buffers: ClassVar[bool] = False
+    # The uplink arrays the server chain (server/aggregation.py: robust rules, clipping, DP) and
+    # local DP combine, as one vector per client, by name prefix ("": all of them); None: the
+    # uplink is not a vector they can combine.
     delta_prefix: ClassVar[str | None] = None
+    # The uplink arrays that carry what a client learned from its data (per-client secrets), by
+    # name prefix ("": all of them). A privacy or robustness mechanism must cover every one, or
+    # the combination is refused before work (``covers_secrets``): SCAFFOLD's control-variate
+    # update is as much a function of the client's data as its model delta.
+    secret_prefixes: ClassVar[tuple[str, ...]] = ("",)
+
+    @classmethod
+    def covers_secrets(cls) -> bool:
+        """Whether the arrays the server chain combines include every per-client secret."""
+        prefix = cls.delta_prefix
+        return prefix is not None and all(secret.startswith(prefix) for secret in cls.secret_prefixes)
+
+    @classmethod
+    def carries(cls, config: AlgorithmConfig) -> tuple[Carries, Carries]:
+        """What the uplink's and the downlink's float arrays are under ``config`` (see ``Carries``)."""
+        return "exact", "exact"
 
     def __init__(self, config: AlgorithmConfig):
         self.config = config
         self.streams: Streams | None = None
         self.num_clients = 0  # the population, told by the federation (use_population)
         self.total_weight = 0  # the server's sum of every client's weight (trusted num_samples)
+        self.buffers: frozenset[str] = frozenset()  # the model's buffers (use_buffers)
+        self.local_buffers: frozenset[str] = frozenset()  # those kept by each client (FedBN)
+        self.keeps_client_state = self._stateful()
 
     def use_streams(self, streams: Streams) -> None:
         """The run's seeded streams, given by the federation before the first round: the server
@@ -221,6 +258,34 @@ class Algorithm(ABC):
         weights under the server's weighting rule (engine/trust.py), given before the first round."""
         self.num_clients = num_clients
         self.total_weight = total_weight
+
+    def use_buffers(self, names: frozenset[str], local: bool = False) -> None:
+        """The model's buffers, told before the first round (both ends of a deployment): averaged
+        by the server, or with ``local`` kept by each client in its client state and never sent
+        (FedBN: Li, Jiang, Zhang, Kamp, Dou, ICLR 2021, Algorithm 1)."""
+        self.buffers = frozenset(names)
+        self.local_buffers = self.buffers if local else frozenset()
+        self.keeps_client_state = self._stateful()
+
+    def _stateful(self) -> bool:
+        """Whether clients keep state: the algorithm's own, their statistics (FedBN) or their
+        optimizer's (``optimizer_state = "keep"``)."""
+        kept = self.config.local.optimizer_state == "keep"
+        return type(self).keeps_client_state or bool(self.local_buffers) or kept
+
+    def weights(self, params: Mapping[str, torch.Tensor]) -> Params:
+        """The tensors the algorithm's math applies to: every one but the buffers."""
+        return {n: p for n, p in params.items() if n not in self.buffers}
+
+    def sent(self, params: Mapping[str, torch.Tensor]) -> Params:
+        """The tensors a client sends up: every one but the buffers it keeps (FedBN)."""
+        return {n: p for n, p in params.items() if n not in self.local_buffers}
+
+    def server_step(self, params: Params, mean_delta: Mapping[str, torch.Tensor], lr: float) -> Params:
+        """``params`` moved by ``lr`` times the clients' mean delta on the weights; the buffers become
+        the clients' mean (a step of 1 whatever ``lr``: a larger step would extrapolate a running
+        variance, possibly below zero). Only the tensors in ``mean_delta`` move."""
+        return {k: params[k] + (1.0 if k in self.buffers else lr) * d for k, d in mean_delta.items()}
 
     # ----- server -----
     @abstractmethod

@@ -8,9 +8,10 @@ updates its dual u_i <- u_i + x_i - z, warm-starts x <- z, trains on
 f_i(x) + (rho / 2) ||x - z + u_i||^2 and returns x_i + u_i.
 
 That is event-based ADMM with random participation in place of both triggers, one rho for every
-agent and a fresh momentum buffer each round, so it reuses event_admm.py's math. Deviations from
-the code: the MNIST script trains with Adam (lr 1e-3) because its MLP lacks `.network`; we use the
-configured SGD like every other method. Its evaluated z lags one round; we evaluate the z the
+agent and a fresh optimizer each round (unless local.optimizer_state = "keep"), so it reuses
+event_admm.py's math. Deviations from the code: the MNIST script trains with Adam (lr 1e-3)
+because its MLP lacks `.network`; we use the configured optimizer (SGD by default) like every other
+method. Its evaluated z lags one round; we evaluate the z the
 round produced. An agent's first dual step uses x_i = z (it has no earlier model), not the shared
 initial model.
 
@@ -32,6 +33,9 @@ from taciturn.algorithms.event_admm import EventADMM, EventADMMConfig
 class FedADMMConfig(AlgorithmConfig):
     name: Literal["fedadmm"] = "fedadmm"
     rho: float = Field(0.01, gt=0, description="ADMM penalty (0.01 in the authors' runs)")
+    uplink: Literal["full", "change"] = Field(
+        "full", description="full: send x_i + u_i; change: send its change since last sent (compressible)"
+    )
 
     def as_event_admm(self) -> EventADMMConfig:
         return EventADMMConfig(
@@ -41,7 +45,9 @@ class FedADMMConfig(AlgorithmConfig):
             per_agent_rho=False,
             delta=0.0,  # every sampled agent sends
             delta_z=0.0,  # every sampled agent receives z
-            persistent_momentum=False,
+            downlink="broadcast",  # to every sampled agent, every round (Delta_z = 0)
+            persistent_momentum=self.local.optimizer_state == "keep",  # fresh by default, as the code
+            uplink=self.uplink,
         )
 
 

@@ -6,11 +6,14 @@ minibatch SGD from w_t and returns its model; the server sets w_{t+1} = sum_k (n
 Clients here send the delta w^k - w_t (same bytes) so that the server can take a step
 w_{t+1} = w_t + eta_s * sum_k (n_k / n) (w^k - w_t) with a server learning rate eta_s
 (Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Alg. 1 with server SGD);
-eta_s = 1 is the paper's FedAvg exactly.
+eta_s = 1 is the paper's FedAvg exactly; ``server_schedule`` varies eta_s over rounds.
+
+Buffers (BatchNorm running statistics) travel with the weights and are averaged with the same
+weights n_k / n; the server learning rate moves only the weights (Algorithm.server_step).
 
 FedBN (Li, Jiang, Zhang, Kamp, Dou, "FedBN: Federated Learning on Non-IID Features via Local Batch
-Normalization", ICLR 2021, Algorithm 1): with ``keep_buffers_local`` the BatchNorm statistics named
-there never travel up and are not averaged. Each client keeps its own in its client state (staged,
+Normalization", ICLR 2021, Algorithm 1): with ``use_buffers(..., local=True)`` the BatchNorm
+statistics never travel up and are not averaged. Each client keeps its own in its client state (staged,
 stored when the server accepts its update) and starts local training from them; a client's first
 round starts from the broadcast, i.e. the server's initial statistics, which the server keeps
 unchanged. The global model is then evaluated with those initial statistics; FedBN's paper evaluates
@@ -31,6 +34,7 @@ from taciturn.algorithms.base import (
     AlgorithmConfig,
     ArraySpec,
     Arrival,
+    Carries,
     ClientContext,
     ClientOutput,
     LocalTraining,
@@ -39,8 +43,9 @@ from taciturn.algorithms.base import (
     positive_count,
     specs_of,
 )
+from taciturn.algorithms.schedule import Schedule
 from taciturn.core.message import Message
-from taciturn.core.params import Params, add, clone, weighted_sum
+from taciturn.core.params import Params, clone, strip_prefix, weighted_sum, with_prefix
 
 
 class FedAvgConfig(AlgorithmConfig):
@@ -48,6 +53,7 @@ class FedAvgConfig(AlgorithmConfig):
     server_lr: float = Field(
         1.0, gt=0, le=MAX_LR, description="server step on the averaged delta (1 = plain FedAvg)"
     )
+    server_schedule: Schedule = Field(Schedule(), description="server_lr over rounds (schedule.py)")
 
 
 @dataclass
@@ -68,17 +74,12 @@ class FedAvg(Algorithm):
     Config = FedAvgConfig
     config: FedAvgConfig
     keeps_client_state = False
-    averages_buffers = True  # w_{t+1} averages every tensor: BatchNorm statistics sample-weighted too
+    supports_buffers = True  # w_{t+1} averages every tensor: BatchNorm statistics sample-weighted too
     delta_prefix = ""
 
-    def __init__(self, config: FedAvgConfig):
-        super().__init__(config)
-        self.local_buffers: frozenset[str] = frozenset()  # kept per client (FedBN), never sent up
-
-    def keep_buffers_local(self, names: frozenset[str]) -> None:
-        """FedBN: the named buffers stay with each client (its client state) instead of being averaged."""
-        self.local_buffers = frozenset(names)
-        self.keeps_client_state = bool(names)
+    @classmethod
+    def carries(cls, config: AlgorithmConfig) -> tuple[Carries, Carries]:
+        return "updates", "values"  # deltas up, the model down
 
     def init_server(self, params: Params, num_clients: int) -> FedAvgState:
         return FedAvgState(clone(params))
@@ -88,7 +89,7 @@ class FedAvg(Algorithm):
         return dict.fromkeys(clients, broadcast)
 
     def uplink_spec(self, state: FedAvgState) -> dict[str, ArraySpec]:
-        return specs_of({n: p for n, p in state.params.items() if n not in self.local_buffers})
+        return specs_of(self.sent(state.params))
 
     def check_uplink_meta(self, message: Message) -> str | None:
         return positive_count(message, "num_samples")
@@ -98,13 +99,13 @@ class FedAvg(Algorithm):
             return ClientOutput(uplink=None)
         params = ctx.received.tensors()
         if self.local_buffers and ctx.state is not None:  # FedBN: the client's own statistics
-            params |= {n: ctx.state[n] for n in self.local_buffers}
+            params |= strip_prefix("buffers", ctx.state)
         return LocalTraining(params=params, consts={})
 
     def client_end(self, ctx: ClientContext, work: LocalTraining, result: TrainResult) -> ClientOutput:
-        delta = result.change(work.params)
-        uplink = {n: d for n, d in delta.items() if n not in self.local_buffers}
-        state = {n: result.params[n] for n in self.local_buffers} if self.local_buffers else None
+        uplink = self.sent(result.change(work.params))
+        own = {n: result.params[n] for n in self.local_buffers}
+        state = with_prefix("buffers", own) if own else None
         return ClientOutput(
             Message.from_tensors(uplink, num_samples=ctx.num_samples, **loss_meta(result)), state
         )
@@ -122,7 +123,8 @@ class FedAvg(Algorithm):
         if accumulated.total is None:  # nothing arrived
             return state
         mean_delta = {k: v / accumulated.weight for k, v in accumulated.total.items()}
-        stepped = add({k: state.params[k] for k in mean_delta}, mean_delta, self.config.server_lr)
+        lr = self.config.server_lr * self.config.server_schedule.factor(round - 1)
+        stepped = self.server_step(state.params, mean_delta, lr)
         return FedAvgState(state.params | stepped)  # FedBN: local buffers were not sent, the server's stay
 
     def global_params(self, state: FedAvgState) -> Params:

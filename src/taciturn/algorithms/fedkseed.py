@@ -33,6 +33,7 @@ from taciturn.algorithms.base import (
     AlgorithmConfig,
     ArraySpec,
     Arrival,
+    Carries,
     ClientContext,
     ClientOutput,
     LocalTraining,
@@ -60,10 +61,13 @@ class FedKSeedConfig(AlgorithmConfig):
     @model_validator(mode="after")
     def _plain_steps(self) -> FedKSeedConfig:
         local = self.local
-        if local.momentum or local.weight_decay or local.clip_norm is not None:
+        plain = local.optimizer == "sgd" and local.precision == "fp32" and local.optimizer_state == "reset"
+        schedules = local.schedule.constant and local.round_schedule.constant
+        if local.momentum or local.weight_decay or local.clip_norm is not None or not plain or not schedules:
             raise ValueError(
-                "FedKSeed takes plain zeroth-order steps w <- w - lr g z: "
-                "remove algorithm.local.momentum, weight_decay and clip_norm"
+                "FedKSeed takes plain zeroth-order steps w <- w - lr g z at one learning rate: remove "
+                "algorithm.local.momentum, weight_decay, clip_norm, optimizer, optimizer_state, precision "
+                "and the schedules"
             )
         return self
 
@@ -110,6 +114,10 @@ class FedKSeed(Algorithm):
             p.add_(s)
 
     # ----- server -----
+    @classmethod
+    def carries(cls, config: AlgorithmConfig) -> tuple[Carries, Carries]:
+        return "values", "exact"  # projected gradients up; down, the history every client replays exactly
+
     def init_server(self, params: Params, num_clients: int) -> FedKSeedState:
         self.initial = clone(params)
         return FedKSeedState(

@@ -5,6 +5,9 @@ FedAvg whose clients minimise the proximal objective (Eq. 2)
     h_k(w; w^t) = F_k(w) + (mu / 2) ||w - w^t||^2
 with w^t the global model they received. mu = 0 is FedAvg exactly. The event-based ADMM paper's
 baselines use mu = 0.01 (research/event_admm.md, Sec. 4).
+
+The proximal term is over the weights only: a model's buffers (BatchNorm statistics) are not
+optimised, so they are averaged as FedAvg averages them, or kept by each client (FedBN).
 """
 
 from __future__ import annotations
@@ -27,14 +30,15 @@ class FedProxConfig(FedAvgConfig):
 class FedProx(FedAvg):
     name = "fedprox"
     Config = FedProxConfig
-    averages_buffers = False  # its proximal term would count BatchNorm statistics as weights
     config: FedProxConfig
 
     def client_begin(self, ctx: ClientContext) -> LocalTraining | ClientOutput:
         work = super().client_begin(ctx)
         if isinstance(work, LocalTraining):
-            work.consts = {"anchor": work.params}  # w^t, held fixed during local steps
+            work.consts = {"anchor": self.weights(work.params)}  # w^t, held fixed during local steps
         return work
 
     def objective(self, loss: Loss, params: Params, batch: Any, consts: Consts) -> torch.Tensor:
-        return loss(params, batch) + 0.5 * self.config.mu * sq_distance(params, consts["anchor"])
+        anchor = consts["anchor"]
+        weights = {k: params[k] for k in anchor}
+        return loss(params, batch) + 0.5 * self.config.mu * sq_distance(weights, anchor)

@@ -64,6 +64,7 @@ from taciturn.algorithms.base import (
     AlgorithmConfig,
     ArraySpec,
     Arrival,
+    Carries,
     ClientContext,
     ClientOutput,
     LocalTraining,
@@ -156,6 +157,10 @@ class Ferret(Algorithm):
         return self._bases
 
     # ----- server -----
+    @classmethod
+    def carries(cls, config: AlgorithmConfig) -> tuple[Carries, Carries]:
+        return "values", "exact"  # coordinates up; down, the history every client replays exactly
+
     def init_server(self, params: Params, num_clients: int) -> FerretState:
         # w_0 is what every client holds before the federation starts (the pretrained model).
         self.initial = clone(params)

@@ -6,11 +6,19 @@ Message sent to many clients) is encoded once and decoded once: its receivers sh
 copy, so they must treat what arrives as read-only (every algorithm builds new tensors from it). Drops are
 independent Bernoulli draws per message and direction, from the run's seeded streams, which is
 how communication failures are simulated. A dropped message is counted as sent, not delivered.
+
+Per message: the k-th message of a round between one client and the server in one direction takes
+the k-th draw of that (round, client, direction)'s stream, so a protocol with several messages a
+round (SecAgg's four stages) can lose any one of them, and a run still repeats exactly (the draws
+are simulation, not secrets). A client's messages go through one Channel in the order it sends
+them, whatever worker serves it, so the count is the same for every executor.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+import numpy as np
 
 from taciturn.core.codec import decode, encode
 from taciturn.core.ledger import Direction, Ledger
@@ -28,6 +36,8 @@ class Channel:
         self.drop = {Direction.UP: drop_up, Direction.DOWN: drop_down}
         self._encoded: tuple[Message, bytes] | None = None
         self._decoded: tuple[bytes, Message] | None = None
+        self._round: int | None = None  # the round whose drop streams are open
+        self._drops: dict[tuple[int, Direction], np.random.Generator] = {}
 
     def _encode(self, message: Message) -> bytes:
         # A broadcast sends one Message object to many clients: encode it once.
@@ -40,9 +50,20 @@ class Channel:
             self._decoded = (data, decode(data))
         return self._decoded[1]
 
+    def _draw(self, direction: Direction, round: int, client: int) -> float:
+        """The next uniform of the (round, client, direction) drop stream: one per message."""
+        if round != self._round:  # a new round: the last one's streams are done with
+            self._round, self._drops = round, {}
+        rng = self._drops.get((client, direction))
+        if rng is None:
+            rng = self._drops[(client, direction)] = self.streams.numpy(
+                round, client, f"drop-{direction.value}"
+            )
+        return float(rng.random())
+
     def _deliver(self, direction: Direction, round: int, client: int, nbytes: int) -> bool:
         p = self.drop[direction]
-        delivered = p == 0.0 or self.streams.numpy(round, client, f"drop-{direction.value}").random() >= p
+        delivered = p == 0.0 or self._draw(direction, round, client) >= p
         self.ledger.record(round, client, direction, nbytes, delivered)
         return delivered
 

@@ -7,7 +7,9 @@ the bytes of the transport's own serialized message around the payload (Flower's
 metadata), which may carry no payload at all (a training request with no model, an empty reply);
 ``wire_bytes`` counts those, so framing overhead is measured (0 in simulation: no wire).
 The ledger keeps one row per (round, client, direction) that saw traffic, so its size grows with
-the traffic, not with the number of clients.
+the traffic, not with the number of clients. A private run writes one row per (round, direction)
+instead, client ``all`` (``append_csv(by_client=False)``): which clients took part is what
+amplification by sampling assumes hidden, and a file naming them per round would give it away.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class Direction(enum.Enum):
     DOWN = "down"  # server -> client
 
 
+ALL = "all"  # the client column of a row summed over a round's clients (private runs)
 PAYLOAD = ("messages_sent", "messages_delivered", "bytes_sent", "bytes_delivered")
 COLUMNS = ("round", "client", "direction", *PAYLOAD, "wire_bytes")
 
@@ -92,14 +95,22 @@ class Ledger:
             if wanted is None or r in wanted
         ]
 
-    def append_csv(self, path: Path, round: int) -> None:
-        """Append one round's rows to a CSV file (written round by round as the run goes)."""
+    def append_csv(self, path: Path, round: int, by_client: bool = True) -> None:
+        """Append one round's rows to a CSV file (written round by round as the run goes);
+        ``by_client=False``: one row per direction, summed over the round's clients."""
         new = not path.exists()
+        rows = self.rows([round])
+        if not by_client:
+            rows = [
+                {"round": round, "client": ALL, "direction": d.value, **vars(self.round_totals(round, d))}
+                for d in Direction
+                if any(row["direction"] == d.value for row in rows)
+            ]
         with path.open("a", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=COLUMNS)
             if new:
                 writer.writeheader()
-            writer.writerows(self.rows([round]))
+            writer.writerows(rows)
         self.forget_before(round + 1)
 
     def forget_before(self, round: int) -> None:

@@ -58,6 +58,8 @@ def unpack(cls: type[T], message: Message) -> T:
             values[f.name] = message.tensors(prefix=f"{f.name}/")
         elif kind == "scalar":
             values[f.name] = message.meta[f.name]
+        elif f.default is not dataclasses.MISSING:  # a field added since the checkpoint was written
+            values[f.name] = f.default
         else:
             raise ValueError(f"checkpoint has no field {f.name!r} for {cls.__name__}")
     return cls(**values)

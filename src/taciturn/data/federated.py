@@ -1,7 +1,9 @@
 """The federated view of a dataset: all samples in one tensor, one index array per client.
 
 Clients never copy their data; a batch is a gather from the shared tensor. This keeps memory
-flat in the number of clients and lets executors share the data between processes.
+flat in the number of clients and lets executors share the data between processes. With
+``[eval] clients``, each client's own held-out split (data/client_holdout.py) is a second set of
+slices of the same tensor, which training never reads.
 """
 
 from __future__ import annotations
@@ -37,18 +39,37 @@ class ClientSlices:
 
 
 @dataclass(frozen=True)
+class Slices(ClientSlices):
+    offsets: np.ndarray
+    order: np.ndarray
+
+    @classmethod
+    def from_parts(cls, parts: list[np.ndarray]) -> Slices:
+        sizes = np.array([len(p) for p in parts], dtype=np.int64)
+        order = np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
+        return cls(np.concatenate([[0], np.cumsum(sizes)]), order)
+
+
+@dataclass(frozen=True)
 class FederatedData(ClientSlices):
     dataset: ArrayDataset
     offsets: np.ndarray  # client i owns order[offsets[i]:offsets[i+1]]
     order: np.ndarray  # all training indices, grouped by client
+    held_out: Slices | None = None  # each client's own held-out split ([eval] clients), never trained on
 
     @classmethod
-    def from_parts(cls, dataset: ArrayDataset, parts: list[np.ndarray]) -> FederatedData:
-        sizes = np.array([len(p) for p in parts], dtype=np.int64)
-        order = np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
-        if len(order) != len(dataset.y_train) or len(np.unique(order)) != len(order):
+    def from_parts(
+        cls, dataset: ArrayDataset, parts: list[np.ndarray], held_out: list[np.ndarray] | None = None
+    ) -> FederatedData:
+        """``parts``: each client's training indices; ``held_out``: each client's held-out ones."""
+        train = Slices.from_parts(parts)
+        kept = None if held_out is None else Slices.from_parts(held_out)
+        every = train.order if kept is None else np.concatenate([train.order, kept.order])
+        if len(every) != len(dataset.y_train) or len(np.unique(every)) != len(every):
             raise ValueError("a partition must assign every training sample to exactly one client")
-        return cls(dataset, np.concatenate([[0], np.cumsum(sizes)]), order)
+        if kept is not None and kept.num_clients != train.num_clients:
+            raise ValueError("a held-out split is needed for every client (an empty one at least)")
+        return cls(dataset, train.offsets, train.order, kept)
 
     def to(self, device: torch.device) -> FederatedData:
         """The same clients with the dataset's tensors on ``device``."""

@@ -2,7 +2,8 @@
 
 Everything becomes an ``ArrayDataset`` (all samples in one tensor, which the federated view slices
 per client without copying). Integer targets are class labels (any partition applies); floating
-targets are regression targets (num_classes = 0: only the iid partition applies, and the run
+targets are regression targets, and several integers per sample (token labels, a causal LM's next
+tokens) stay integers (both num_classes = 0: only the iid and natural partitions apply, and the run
 needs a loss for them).
 """
 
@@ -38,8 +39,9 @@ def from_tensors(
     groups: Any = None,
 ) -> ArrayDataset:
     """A dataset from four tensors (or arrays): inputs with samples along the first dimension,
-    targets either class labels (integers 0..C-1) or floating regression targets. ``groups``: a
-    client id per training sample, for ``partition.kind = "natural"``."""
+    targets either class labels (integers 0..C-1), several integers per sample (token labels, which
+    a loss of yours reads) or floating regression targets. ``groups``: a client id per training
+    sample, for ``partition.kind = "natural"``."""
     xs = [_tensor(x_train, "x_train"), _tensor(x_test, "x_test")]
     ys = [_tensor(y_train, "y_train"), _tensor(y_test, "y_test")]
     for split, x, y in (("train", xs[0], ys[0]), ("test", xs[1], ys[1])):
@@ -54,8 +56,11 @@ def from_tensors(
             f"train targets are {tuple(ys[0].shape[1:])} but test targets {tuple(ys[1].shape[1:])}"
         )
     xs = [x.float() if x.is_floating_point() else x for x in xs]
-    labels = not ys[0].is_floating_point() and not ys[0].is_complex() and ys[0].ndim == 1
-    if labels:
+    integers = not ys[0].is_floating_point() and not ys[0].is_complex()
+    if integers and ys[0].ndim > 1:  # token labels, next tokens: integers for the loss, not classes
+        ys = [y.long() for y in ys]
+        classes = 0
+    elif integers:
         ys = [y.long() for y in ys]
         low = min(int(y.min()) for y in ys)
         if low < 0:

@@ -38,7 +38,8 @@ from taciturn.data.clients import ClientSet
 from taciturn.deploy import protocol
 from taciturn.deploy.node_state import NodeStateStore
 from taciturn.deploy.settings import DeployError, NodeSettings, run_config_of, run_folder, same_version
-from taciturn.engine.local_training import train_locally
+from taciturn.engine.local_training import keep_optimizer, split_state, train_locally
+from taciturn.engine.pipeline import without_statistics
 from taciturn.engine.trust import TrustedWeights
 from taciturn.experiments.clients import Population, on_node, read_clients
 from taciturn.tasks.base import ClientData
@@ -55,6 +56,7 @@ class NodeSetup:
     loss: Loss
     buffers: frozenset[str]
     task: object
+    private: bool  # [privacy]: training statistics stay on the node (engine/pipeline.py)
     clients: tuple[ClientSet, ...] = ()  # per-client data: the node's clients, in the order of ``ids``
 
 
@@ -90,7 +92,9 @@ def node_setup(
     algorithm.use_streams(streams)
     algorithm.use_population(clients_data.num_clients, total)
     buffers = getattr(task, "buffers", frozenset())
-    return NodeSetup(algorithm, streams, clients_data, task.loss, buffers, task, clients)
+    algorithm.use_buffers(buffers)  # averaged: local ones are refused
+    private = config.privacy.enabled
+    return NodeSetup(algorithm, streams, clients_data, task.loss, buffers, task, private, clients)
 
 
 def serve_client(
@@ -105,27 +109,30 @@ def serve_client(
     """One client's round on this node; its uplink (None: the client stays silent)."""
     algorithm = setup.algorithm
     state = store.settle(client, accepted, kept)
+    own, optimizer_state = split_state(state)  # the algorithm's part; the optimizer's (when kept)
     ctx = ClientContext(
         client,
         round,
         protocol.message_of(payload),
-        state,
+        own,
         setup.data.client_size(client),
         setup.streams,
         setup.data,
         setup.loss,
         setup.buffers,
+        optimizer_state,
     )
     begun = algorithm.client_begin(ctx)
     if isinstance(begun, LocalTraining):
-        output = algorithm.client_end(
-            ctx, begun, train_locally(algorithm, ctx, begun, algorithm.config.local)
-        )
+        result = train_locally(algorithm, ctx, begun, algorithm.config.local)
+        output = keep_optimizer(algorithm, ctx, algorithm.client_end(ctx, begun, result), result)
     else:
         output = begun
     assert isinstance(output, ClientOutput)
     # in effect once the server names this round (node_state.py); None: its state is unchanged
     store.save(client, round, state if output.state is None else output.state)
+    if setup.private and output.uplink is not None:
+        return without_statistics(output.uplink)
     return output.uplink
 
 
@@ -212,19 +219,20 @@ def hosted_size(setup: NodeSetup, client: int) -> int:
 
 
 def masked_reply(request: protocol.TrainRequest, payloads: list[bytes], errors: list[str]) -> RecordDict:
-    """The node's FitRes for the mod to mask: its one client's uplink arrays in name order, weight n_k."""
+    """The node's FitRes for the mod to mask: its one client's uplink arrays in name order, weight
+    n_k. No metrics: a FitRes's metrics travel in the clear beside the masked vector, so a
+    train_loss there would hand the server one client's statistic that SecAgg+ is meant to hide."""
     if errors[0]:
         raise DeployError(f"client {request.clients[0]} failed: {errors[0]}")
     uplink = protocol.message_of(payloads[0])
     if uplink is None:
         raise DeployError(f"client {request.clients[0]} sent no update; SecAgg+ masks one from every node")
-    loss = uplink.meta.get("train_loss")
     return compat.fitres_to_recorddict(
         FitRes(
             Status(Code.OK, ""),
             ndarrays_to_parameters([np.asarray(uplink.arrays[n]) for n in sorted(uplink.arrays)]),
             int(uplink.meta["num_samples"]),
-            {"train_loss": loss} if isinstance(loss, float) else {},
+            {},
         ),
         keep_input=False,
     )

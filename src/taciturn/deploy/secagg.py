@@ -71,7 +71,6 @@ class _Round(Strategy):
         self.grid, self.requests = grid, requests
         self.mean: list[np.ndarray] | None = None
         self.survivors: list[int] = []  # node ids
-        self.losses: dict[int, float] = {}
 
     def configure_fit(self, server_round, parameters, client_manager):
         return [(GridClientProxy(node, self.grid, 0), fitins) for node, fitins in self.requests.items()]
@@ -79,10 +78,8 @@ class _Round(Strategy):
     def aggregate_fit(self, server_round, results, failures):
         if results:  # the workflow puts the unmasked mean into every result
             self.mean = parameters_to_ndarrays(results[0][1].parameters)
-        for proxy, res in results:
+        for proxy, _ in results:
             self.survivors.append(proxy.node_id)
-            if isinstance(loss := res.metrics.get("train_loss"), float):
-                self.losses[proxy.node_id] = loss
         return None, {}
 
     def initialize_parameters(self, client_manager):
@@ -215,10 +212,9 @@ def secure_round(
         n: np.asarray(a).reshape(spec[n].shape).astype(spec[n].dtype)
         for n, a in zip(names, strategy.mean, strict=True)
     }
-    part.accepted += survivors
-    part.losses += [strategy.losses[node] for node in strategy.survivors if node in strategy.losses]
+    part.accepted += survivors  # no train_loss: a node's statistic is as private as its update
     # the mean stands for the survivors' updates (as the simulated [secagg] does, engine/pipeline.py)
     part.accumulated = pipeline.accumulate(
-        [Arrival(SERVER, Message(arrays, {"num_samples": len(survivors)}))]
+        [Arrival(SERVER, Message(arrays, {"num_samples": len(survivors), "clients": len(survivors)}))]
     )
     return part

@@ -65,10 +65,10 @@ class AnalysisConfig(StrictModel):
 
 @dataclass
 class TwinState:
-    """The centralized twin: its parameters and (with momentum) its SGD buffer, checkpointed."""
+    """The centralized twin: its parameters and its optimizer's state (engine/optimizers.py), checkpointed."""
 
     params: Params
-    momentum: Params | None
+    momentum: Params | None  # the optimizer's state (named so for checkpoints of older runs)
 
 
 class PooledData:
@@ -141,7 +141,7 @@ class Analysis:
             ctx = ClientContext(SERVER, round, None, None, size, self.streams, self.pooled, self.task.loss)
             work = LocalTraining(self.twin.params, {}, self.twin.momentum)
             result = train_locally(self.twin_algorithm, ctx, work, self.twin_algorithm.config.local)
-            self.twin = TwinState(result.params, result.momentum)
+            self.twin = TwinState(result.params, result.optimizer_state)
             self.twin_train_loss = result.mean_loss
 
     def checkpoint_extras(self) -> dict[str, TwinState]:

@@ -6,6 +6,12 @@ validated before the algorithm sees it, and the executor decides where the clien
 still sum to Inf) is discarded: the round is skipped (run as if no uplink had arrived), the model
 kept, and the reason logged and reported. Then the executor commits the staged state of the
 clients whose uplink the server accepted and applied, and only theirs (none in a skipped round).
+A round whose aggregation rule cannot keep its guarantee for the updates that arrived (too few
+for Krum's f, for the trimmed mean's cut: ``OutsideGuarantee``) is skipped the same way.
+With a compressed downlink (compression/link.py) the server encodes what the algorithm sends. With a
+per-client reference (EF21 up, EF21-P down) it advances its copy of a client's reference exactly
+when the client's own copy advances: up, when it applied the update; down, when the message
+arrived and the client's new state took effect.
 """
 
 from __future__ import annotations
@@ -19,10 +25,12 @@ from typing import Any
 import numpy as np
 
 from taciturn.algorithms.base import Algorithm, Arrival
+from taciturn.compression.link import Downlink, Uplink
 from taciturn.core.rng import SERVER, Streams
 from taciturn.engine.executor import Executor
 from taciturn.engine.validation import state_problem
 from taciturn.server.aggregation import ServerAggregation
+from taciturn.server.transform import OutsideGuarantee
 from taciturn.tasks.base import ClientData
 
 log = logging.getLogger(__name__)
@@ -51,6 +59,8 @@ class Federation:
         data: ClientData,
         aggregation: ServerAggregation | None = None,
         poisson_rate: float | None = None,
+        uplink: Uplink | None = None,
+        downlink: Downlink | None = None,
     ):
         self.algorithm = algorithm
         self.executor = executor
@@ -60,6 +70,8 @@ class Federation:
         # Poisson sampling (DP accounting): each client joins a round with this probability,
         # instead of the algorithm's fixed-size draw.
         self.poisson_rate = poisson_rate
+        # the server's side of each link's compression, if any (the pipeline holds the same objects)
+        self.uplink, self.downlink = uplink, downlink
 
     def run_round(self, state: Any, round: int) -> tuple[Any, RoundReport]:
         algorithm = self.algorithm
@@ -70,6 +82,8 @@ class Federation:
             chosen = np.flatnonzero(rng.random(self.data.num_clients) < self.poisson_rate)
         selected = [int(c) for c in chosen]
         downlink = algorithm.downlink(state, round, selected)
+        if self.downlink is not None:
+            downlink = self.downlink.send(round, downlink)
         spec = algorithm.uplink_spec(state)
         part = self.executor.serve(round, selected, downlink, spec)
         report = RoundReport(
@@ -82,17 +96,27 @@ class Federation:
             part.client_info,
             part.arrivals,
         )
-        accumulated, chain_state = part.accumulated, None
+        accumulated, chain_state, problem = part.accumulated, None, None
         if self.aggregation is not None:  # the chain's result stands for all the round's updates
-            standing, chain_state, report.server_info = self.aggregation.apply(round, accumulated, spec)
-            accumulated = algorithm.accumulate(standing)
-        new_state = algorithm.aggregate(state, round, accumulated)
+            try:
+                standing, chain_state, report.server_info = self.aggregation.apply(round, accumulated, spec)
+                accumulated = algorithm.accumulate(standing)
+            except OutsideGuarantee as outside:
+                problem = str(outside)
+        if problem is None:
+            new_state = algorithm.aggregate(state, round, accumulated)
+            problem = state_problem(new_state)
         applied = report.accepted
-        if (problem := state_problem(new_state)) is not None:
+        if problem is not None:
             log.warning("round %d skipped, the model kept: %s", round, problem)
             report.skipped, applied = problem, []
             new_state = algorithm.aggregate(state, round, algorithm.accumulate([]))  # as if none arrived
         elif self.aggregation is not None:
             self.aggregation.state = chain_state
         self.executor.commit(round, applied)
+        if self.uplink is not None:  # EF21: the server's copy advances with an accepted update
+            self.uplink.settle(applied)
+        if self.downlink is not None:
+            took_effect = set(part.settled) | set(applied)
+            self.downlink.settle(c for c in part.heard if c in took_effect)
         return new_state, report

@@ -39,7 +39,7 @@ def applies(algorithm: Algorithm, task: object) -> bool:
 
 
 def _plain(config: LocalConfig) -> bool:
-    return not config.momentum and not config.weight_decay
+    return config.plain_sgd_steps and not config.momentum and not config.weight_decay
 
 
 def pays(task: object, samples_per_client: float) -> bool:
@@ -89,7 +89,7 @@ def train_group(
     contexts = [ctx for ctx, _ in items]
     start = items[0][1].params
     layers = contexts[0].loss.__self__.mlp  # (weight, bias) names, input to output
-    lr, clients, depth = config.lr, len(items), len(layers)
+    lr, clients, depth = config.round_lr(contexts[0].round), len(items), len(layers)
     plans = [ctx.batch_indices(config) for ctx in contexts]
     steps = np.array([len(p) for p in plans])
     rows = max(len(batch) for plan in plans for batch in plan)
@@ -163,7 +163,7 @@ def train_group(
         results.append(
             TrainResult(
                 params=_Offset(start, delta),
-                momentum=None,
+                optimizer_state=None,
                 steps=int(steps[i]),
                 mean_loss=float(loss_sum[i] / max(int(steps[i]), 1)),
                 delta=delta,

@@ -4,7 +4,7 @@ For cross-entropy and the task loss as the objective (FedAvg), one step of a cli
     forward    Z_k = A_k W_k^T + b_k,  A_{k+1} = relu(Z_k)
     output     G = (softmax(Z_last) - onehot(y)) / n          (the mean cross-entropy's gradient)
     backward   dW_k = G^T A_k,  db_k = sum of G's rows,  G <- (G W_k) * [Z_{k-1} > 0]
-    update     the SGD of engine/local_training.sgd_step: weight decay and momentum included
+    update     torch.optim.SGD's (engine/optimizers.sgd): weight decay and momentum included
 which is what autograd computes for train_locally, in fewer operations, with plain SGD's updates
 fused into the products (addmm_). On a 784-200-200-10 MLP, one thread, a local step is 1.4x
 quicker than through autograd at batch 32 and 1.75x at batch 10 (benchmarks/mlp_steps.py).
@@ -20,15 +20,19 @@ from collections.abc import Sequence
 import torch
 
 from taciturn.algorithms.base import Algorithm, ClientContext, LocalConfig, LocalTraining, TrainResult
-from taciturn.engine.local_training import sgd_step
+from taciturn.core.params import strip_prefix, with_prefix
+from taciturn.engine.optimizers import sgd
 
 
 def applies(algorithm: Algorithm, task: object) -> bool:
-    """Whether local training on this task is SGD on the task's cross-entropy of a ReLU MLP."""
+    """Whether local training on this task is SGD (one learning rate through the round, fp32) on the
+    task's cross-entropy of a ReLU MLP."""
+    local = algorithm.config.local
     return (
         getattr(task, "mlp", None) is not None
         and type(algorithm).objective is Algorithm.objective
-        and algorithm.config.local.clip_norm is None
+        and local.clip_norm is None
+        and local.plain_sgd_steps
     )
 
 
@@ -50,12 +54,12 @@ def train_each(
 
 def _train(ctx: ClientContext, work: LocalTraining, config: LocalConfig) -> TrainResult:
     layers = ctx.loss.__self__.mlp  # type: ignore[attr-defined]  # (weight, bias) names, input to output
-    start, lr, depth = work.params, config.lr, len(layers)
+    start, lr, depth = work.params, config.round_lr(ctx.round), len(layers)
     names = [n for pair in layers for n in pair if n is not None]
     params = {n: start[n].clone() for n in names}
     buffers = None
     if config.momentum > 0:
-        held = work.momentum or {}
+        held = strip_prefix("momentum_buffer", work.optimizer_state or ctx.optimizer_state or {})
         buffers = {n: held[n].clone() if n in held else torch.zeros_like(params[n]) for n in names}
     weights = [params[w] for w, _ in layers]
     biases = [None if b is None else params[b] for _, b in layers]
@@ -84,13 +88,15 @@ def _train(ctx: ClientContext, work: LocalTraining, config: LocalConfig) -> Trai
                 layer = [n for n in layers[k] if n is not None]
                 grads = [g.T @ inputs[k]] + ([g.sum(dim=0)] if biases[k] is not None else [])
                 held = None if buffers is None else [buffers[n] for n in layer]
-                sgd_step([params[n] for n in layer], grads, held, config)
+                sgd([params[n] for n in layer], grads, held, config, lr)
             if back is not None:
                 g = back.mul_(outputs[k - 1] > 0)
         steps += 1
     return TrainResult(
         params={n: params[n] for n in start},
-        momentum=None if buffers is None else {n: buffers[n] for n in start},
+        optimizer_state=None
+        if buffers is None
+        else with_prefix("momentum_buffer", {n: buffers[n] for n in start}),
         steps=steps,
         mean_loss=total_loss / max(steps, 1),
     )

@@ -7,11 +7,21 @@ weight by the one it trusts (engine/trust.py), and the accepted arrivals are red
 ``algorithm.accumulate``. A parallel executor runs this for each worker's share and merges the
 parts.
 
+Private runs ([privacy], [secagg]): a client's training statistics (``train_loss``) never leave
+it, since no mechanism covers them, and under [privacy] the server's log names no client (which
+clients took part is what amplification by sampling assumes hidden).
+
 Acceptance (DESIGN.md): a client's new state is only *staged* while its uplink travels. It goes to
 the store when the server has accepted that uplink (``commit``, called by the Federation once the
 round's aggregate is validated); a dropped or rejected uplink, or a skipped round, leaves the
 client's stored state as it was. A client that sends nothing has nothing to wait for: its new
 state is stored at once.
+
+Compression (compression/link.py): what arrives on the downlink is rebuilt before the algorithm
+sees it; an uplink is compressed last, after local DP and any simulated attack, and the server
+rebuilds and checks it in ``admit`` before anything else. The links' own client state (error
+memory, the downlink reference) is stored beside the algorithm's, under names starting with "~",
+and follows the same acceptance rule; the algorithm never sees it.
 """
 
 from __future__ import annotations
@@ -34,13 +44,16 @@ from taciturn.algorithms.base import (
     TrainResult,
 )
 from taciturn.attacks.poisoning import ModelPoisoning
+from taciturn.compression.chain import CompressionError
+from taciturn.compression.link import Downlink, Uplink, split_links
 from taciturn.core.channel import Channel
 from taciturn.core.ledger import Direction
 from taciturn.core.message import Message
 from taciturn.core.rng import SERVER, Streams
 from taciturn.core.state_store import ClientState, ClientStateStore
+from taciturn.engine.local_training import keep_optimizer, split_state
 from taciturn.engine.trust import TrustConfig, TrustedWeights
-from taciturn.engine.validation import uplink_problem
+from taciturn.engine.validation import overflow_problem, uplink_problem
 from taciturn.privacy.gaussian import LocalGaussian
 from taciturn.secagg.config import SecAggFailed
 from taciturn.secagg.quantize import dequantize_sum, levels, quantize
@@ -50,6 +63,8 @@ if TYPE_CHECKING:  # the protocol needs the optional extra 'secagg'
     from taciturn.secagg.protocol import SecureSum
 
 log = logging.getLogger(__name__)
+
+STATISTICS = ("train_loss",)  # uplink metadata that only reports on training: kept home in private runs
 
 
 class Trainer(Protocol):
@@ -70,6 +85,19 @@ class RoundPart:
     losses: list[float] = field(default_factory=list)  # train_loss of accepted uplinks that report one
     client_info: dict[int, Mapping[str, float]] = field(default_factory=dict)
     arrivals: list[Arrival] = field(default_factory=list)  # only when the pipeline keeps them
+    heard: list[int] = field(default_factory=list)  # clients a downlink message reached
+    settled: list[int] = field(default_factory=list)  # clients whose new state was stored at once
+
+
+@dataclass
+class _Held:
+    """A client's stored state during its round: the algorithm's part, the links' part (after this
+    round's downlink), whether the links' part changed, and whether a downlink message arrived."""
+
+    own: ClientState | None
+    links: ClientState
+    changed: bool = False
+    heard: bool = False
 
 
 class ClientPipeline:
@@ -88,6 +116,9 @@ class ClientPipeline:
         poisoning: ModelPoisoning | None = None,
         local_dp: LocalGaussian | None = None,
         secure_sum: SecureSum | None = None,
+        private: bool = False,
+        uplink: Uplink | None = None,
+        downlink: Downlink | None = None,
     ):
         self.algorithm = algorithm
         self.buffers = buffers  # parameter names local training updates without a gradient
@@ -100,6 +131,10 @@ class ClientPipeline:
         self.poisoning = poisoning  # simulated attackers' uplinks (attacks/poisoning.py), if any
         self.local_dp = local_dp  # each client's own clip and noise (privacy/gaussian.py), if any
         self.secure_sum = secure_sum  # the server sees only the sum (secagg/), if any
+        self.private = private  # [privacy]: no client named in the log
+        self.keep_statistics = not private and secure_sum is None
+        self.uplink, self.downlink = uplink, downlink  # compression of each link, if any
+        self._held: dict[int, _Held] = {}  # this round's clients, between context and _collect
         algorithm.use_streams(streams)  # before any worker forks: every copy of the algorithm has them
         self.trust = TrustedWeights(trust or TrustConfig(), data)
         algorithm.use_population(data.num_clients, self.trust.total())
@@ -113,16 +148,23 @@ class ClientPipeline:
 
     def context(self, round: int, client: int, message: Message | None) -> ClientContext:
         received = None if message is None else self.channel.send(Direction.DOWN, round, client, message)
+        own, links = split_links(self.store.get(client))  # the links' part stays with the pipeline
+        held = self._held[client] = _Held(own, links, heard=received is not None)
+        if received is not None and self.downlink is not None:
+            received, held.links = self.downlink.receive(round, client, received, links)
+            held.changed = held.links is not links
+        state, optimizer_state = split_state(own)  # the algorithm sees its own part
         return ClientContext(
             client,
             round,
             received,
-            self.store.get(client),
+            state,
             self.data.client_size(client),
             self.streams,
             self.data,
             self.loss,
             self.buffers,
+            optimizer_state,
         )
 
     def serve(
@@ -141,7 +183,7 @@ class ClientPipeline:
             try:
                 begun = algorithm.client_begin(ctx)
             except Exception as error:  # one broken client must not end the federation
-                outputs[i] = _failed(ctx, error)
+                outputs[i] = self._failed(ctx, error)
                 continue
             if isinstance(begun, LocalTraining):
                 works[i] = begun
@@ -150,16 +192,20 @@ class ClientPipeline:
         results = trainer.train(algorithm, [(contexts[i], w) for i, w in works.items()])
         for (i, work), result in zip(works.items(), results, strict=True):
             if isinstance(result, Exception):
-                outputs[i] = _failed(contexts[i], result)
+                outputs[i] = self._failed(contexts[i], result)
                 continue
             try:
-                outputs[i] = algorithm.client_end(contexts[i], work, result)
+                outputs[i] = keep_optimizer(
+                    algorithm, contexts[i], algorithm.client_end(contexts[i], work, result), result
+                )
             except Exception as error:
-                outputs[i] = _failed(contexts[i], error)
+                outputs[i] = self._failed(contexts[i], error)
         return self._collect(round, contexts, outputs, spec)
 
     def _collect(self, round, contexts, outputs, spec) -> RoundPart:
         part, arrivals, uplinks = RoundPart(accumulated=None), [], []
+        waiting: dict[int, ClientState | None] = {}  # new algorithm state of clients that sent
+        part.heard = [ctx.client for ctx in contexts if self._held[ctx.client].heard]
         for ctx, output in zip(contexts, outputs, strict=True):
             if isinstance(output, Exception):
                 part.failed.append((ctx.client, f"{type(output).__name__}: {output}"))
@@ -167,17 +213,24 @@ class ClientPipeline:
             assert isinstance(output, ClientOutput)
             if output.info:
                 part.client_info[ctx.client] = dict(output.info)
-            if output.uplink is None:
-                if output.state is not None:  # nothing sent, nothing to acknowledge
-                    self.store.put(ctx.client, output.state)
+            if output.uplink is None:  # nothing sent, nothing to acknowledge: stored at once
+                if (state := self._full_state(ctx.client, output.state, spec)) is not None:
+                    self.store.put(ctx.client, state)
+                    part.settled.append(ctx.client)
                 continue
-            if output.state is not None:
-                self._stage(round, ctx.client, output.state)
-            uplinks.append((ctx.client, output.uplink))
+            waiting[ctx.client] = output.state
+            uplinks.append(
+                (ctx.client, output.uplink if self.keep_statistics else without_statistics(output.uplink))
+            )
         if self.local_dp is not None:
             uplinks = [(client, self.local_dp.apply(round, client, uplink)) for client, uplink in uplinks]
         if self.poisoning is not None:
             uplinks = self.poisoning.forge(round, uplinks)
+        if self.uplink is not None:  # last: compression is post-processing of what the client releases
+            uplinks = [(client, self._compress(round, client, uplink)) for client, uplink in uplinks]
+        for client, own in waiting.items():
+            if (state := self._full_state(client, own, spec)) is not None:
+                self._stage(round, client, state)
         if self.secure_sum is not None:
             self._secure(part, arrivals, round, uplinks, spec)
         for client, uplink in uplinks if self.secure_sum is None else ():
@@ -188,7 +241,29 @@ class ClientPipeline:
         part.accumulated = self.accumulate(arrivals)
         if self.keep_arrivals:
             part.arrivals = arrivals
+        self._held = {}
         return part
+
+    def _compress(self, round: int, client: int, uplink: Message) -> Message:
+        assert self.uplink is not None
+        held = self._held[client]
+        sent, links = self.uplink.send(round, client, uplink, held.links)
+        if links is not held.links:
+            held.links, held.changed = links, True
+        return sent
+
+    def _full_state(self, client: int, own: ClientState | None, spec) -> ClientState | None:
+        """The state to store for ``client``: its new algorithm state (None: unchanged) with the links'
+        part; None when neither changed. Error memory is always complete (zeros where nothing was
+        dropped yet), so every state a client stores has one layout (core/disk_store.py)."""
+        held = self._held[client]
+        if own is None and not held.changed:
+            return None
+        links = held.links
+        if self.uplink is not None and self.uplink.stateful:
+            links = self.uplink.memory_template(spec) | links
+        state = {**(own if own is not None else held.own or {}), **links}
+        return state or None
 
     def _secure(self, part, arrivals, round, uplinks, spec) -> None:
         """Secure aggregation instead of plain uplinks: each client quantises its update and takes
@@ -198,7 +273,7 @@ class ClientPipeline:
         assert self.secure_sum is not None
         config = self.secure_sum.config
         names = sorted(spec)
-        inputs, losses = {}, {}
+        inputs = {}
         for client, uplink in uplinks:
             if set(uplink.arrays) != set(names) or any(
                 uplink.arrays[n].shape != spec[n].shape for n in names
@@ -206,7 +281,6 @@ class ClientPipeline:
                 part.rejected.append((client, "its update does not fit the secure-aggregation vector"))
                 continue
             inputs[client] = np.concatenate([uplink.arrays[n].reshape(-1) for n in names])
-            losses[client] = uplink.meta.get("train_loss")
         if not inputs:
             return
         level = levels(len(inputs), config.bits)
@@ -214,8 +288,9 @@ class ClientPipeline:
         try:
             survivors, total = self.secure_sum.run(self.channel, round, quantized)
         except SecAggFailed as error:
-            log.warning("round %d: secure aggregation failed: %s", round, error)
-            part.rejected += [(c, f"secure aggregation failed: {error}") for c in inputs]
+            why = "secure aggregation failed" + ("" if self.private else f": {error}")  # it may name a client
+            log.warning("round %d: %s", round, why)
+            part.rejected += [(c, why) for c in inputs]
             return
         if not survivors:
             return
@@ -226,8 +301,8 @@ class ClientPipeline:
             arrays[n] = mean[offset : offset + size].reshape(spec[n].shape).astype(spec[n].dtype)
             offset += size
         part.accepted += survivors
-        part.losses += [loss for c in survivors if isinstance(loss := losses[c], float)]
-        arrivals.append(Arrival(SERVER, Message(arrays, {"num_samples": len(survivors)})))
+        standing = {"num_samples": len(survivors), "clients": len(survivors)}  # equal weights
+        arrivals.append(Arrival(SERVER, Message(arrays, standing)))
 
     def accumulate(self, arrivals: Sequence[Arrival]) -> Any:
         return list(arrivals) if self.per_client else self.algorithm.accumulate(arrivals)
@@ -248,16 +323,41 @@ class ClientPipeline:
     ) -> None:
         """The server's check of an uplink that arrived (in simulation or from a deployed node):
         rejected with a reason, or accepted into ``arrivals`` with the weight the server trusts."""
-        reason = uplink_problem(arrived, spec) or self.algorithm.check_uplink_meta(arrived)
+        if self.uplink is not None:
+            try:
+                arrived = self.uplink.receive(round, client, arrived, spec)
+            except CompressionError as error:
+                log.warning("round %d: rejected the update of %s: %s", round, self._who(client), error)
+                part.rejected.append((client, str(error)))
+                return
+        reason = (
+            uplink_problem(arrived, spec)
+            or self.algorithm.check_uplink_meta(arrived)
+            or overflow_problem(arrived, self.algorithm.total_weight)
+        )
         if reason is not None:
-            log.warning("round %d: rejected the update of client %d: %s", round, client, reason)
+            log.warning("round %d: rejected the update of %s: %s", round, self._who(client), reason)
             part.rejected.append((client, reason))
             return
         arrived = self.trust.apply(client, arrived)
         part.accepted.append(client)
-        if isinstance(loss := arrived.meta.get("train_loss"), float):
+        if self.keep_statistics and isinstance(loss := arrived.meta.get("train_loss"), float):
             part.losses.append(loss)
         arrivals.append(Arrival(client, arrived))
+
+    def _who(self, client: int) -> str:
+        return "a client" if self.private else f"client {client}"
+
+    def _failed(self, ctx: ClientContext, error: Exception) -> Exception:
+        log.error(
+            "%s failed in round %d: %s: %s",
+            self._who(ctx.client),
+            ctx.round,
+            type(error).__name__,
+            error,
+            exc_info=error,
+        )
+        return error
 
     def _stage(self, round: int, client: int, state: ClientState) -> None:
         if self._staged_round != round:  # an earlier round never committed: nothing of it was accepted
@@ -277,16 +377,9 @@ class ClientPipeline:
         self._staged, self._staged_round = {}, None
 
 
-def _failed(ctx: ClientContext, error: Exception) -> Exception:
-    log.error(
-        "client %d failed in round %d: %s: %s",
-        ctx.client,
-        ctx.round,
-        type(error).__name__,
-        error,
-        exc_info=error,
-    )
-    return error
+def without_statistics(uplink: Message) -> Message:
+    """``uplink`` without the metadata that only reports on training (no mechanism covers it)."""
+    return Message(uplink.arrays, {k: v for k, v in uplink.meta.items() if k not in STATISTICS})
 
 
 def merge(pipeline: ClientPipeline, parts: Sequence[RoundPart], clients: Sequence[int]) -> RoundPart:
@@ -300,6 +393,8 @@ def merge(pipeline: ClientPipeline, parts: Sequence[RoundPart], clients: Sequenc
         merged.losses += p.losses
         merged.client_info.update(p.client_info)
         merged.arrivals += p.arrivals
+        merged.heard += p.heard
+        merged.settled += p.settled
     order = {c: i for i, c in enumerate(clients)}
     merged.accepted.sort(key=order.__getitem__)
     merged.rejected.sort(key=lambda item: order[item[0]])

@@ -4,8 +4,11 @@ becomes the model.
 An uplink must carry exactly the arrays the server expects, each with the expected shape and the
 expected dtype (a float64 update would silently change the global model's dtype; an integer or
 boolean one would break the arithmetic), and every float value must be finite. Even finite
-updates can sum to Inf in float32 (two values of 3e38), so the new server state is checked too
-(``state_problem``): the round is then skipped and the model kept.
+updates can sum to Inf in float32 (two values of 3e38): an update with a value so large that the
+weighted sum of the population's updates could overflow is rejected, and named, on its own
+(``overflow_problem``), so that one client sending huge finite values does not get every round
+skipped without being singled out. The new server state is checked too (``state_problem``): a
+round whose aggregate is non-finite all the same is skipped and the model kept.
 """
 
 from __future__ import annotations
@@ -46,6 +49,23 @@ def uplink_problem(message: Message, spec: Mapping[str, ArraySpec]) -> str | Non
         if array.dtype.kind == "f" and not np.isfinite(array).all():
             bad = int(array.size - np.isfinite(array).sum())
             return f"array {name!r} has {bad} non-finite values (NaN/Inf)"
+    return None
+
+
+def overflow_problem(message: Message, total_weight: float) -> str | None:
+    """The reason to reject an uplink one of whose float values exceeds ``dtype max / W``, W the
+    population's total weight (the largest sum of weights any round can give its updates): below
+    that bound no weighted sum of the round's updates can overflow, above it the update is no
+    training step but an attack or a fault."""
+    for name, array in message.arrays.items():
+        if array.dtype.kind != "f" or not array.size:
+            continue
+        limit = float(np.finfo(array.dtype).max) / max(total_weight, 1.0)
+        if (largest := float(np.abs(array).max())) > limit:
+            return (
+                f"array {name!r} has a value of magnitude {largest:.3g}: above {limit:.3g}, the weighted "
+                "sum of the round's updates could overflow"
+            )
     return None
 
 

@@ -29,8 +29,9 @@ from torch.func import grad_and_value, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from taciturn.algorithms.base import Algorithm, ClientContext, LocalConfig, LocalTraining, TrainResult
-from taciturn.engine import lowrank, mlp_steps
+from taciturn.engine import lowrank, mlp_steps, optimizers
 from taciturn.engine.executor import Executor
+from taciturn.engine.local_training import autocast
 from taciturn.engine.pipeline import RoundPart
 
 
@@ -73,7 +74,7 @@ def _signature(work: LocalTraining) -> tuple:
     leaves, spec = tree_flatten(work.consts)
     shapes = tuple(tuple(leaf.shape) if isinstance(leaf, torch.Tensor) else () for leaf in leaves)
     params = tuple(sorted((n, tuple(p.shape)) for n, p in work.params.items()))
-    return params, str(spec), shapes, work.momentum is None, work.track_gradient
+    return params, str(spec), shapes, work.track_gradient
 
 
 def _groups(items: Sequence[tuple[ClientContext, LocalTraining]]) -> dict[tuple, list[int]]:
@@ -98,17 +99,23 @@ def train_group(
     names = list(group[0][1].params)
     params = {n: torch.stack([w.params[n] for _, w in group]).detach().clone() for n in names}
     consts = _stack([w.consts for _, w in group]) if group[0][1].consts else {}
-    momentum = None
-    if config.momentum > 0:
-        start = [w.momentum or {} for _, w in group]
-        momentum = {
+    held = [w.optimizer_state or ctx.optimizer_state or {} for ctx, w in group]
+    slots = {
+        slot: {
             n: torch.stack(
-                [m.get(n, torch.zeros_like(w.params[n])) for m, (_, w) in zip(start, group, strict=True)]
+                [
+                    h.get(f"{slot}/{n}", torch.zeros_like(w.params[n]))
+                    for h, (_, w) in zip(held, group, strict=True)
+                ]
             )
             for n in names
         }
+        for slot in optimizers.slots(config)
+    }
+    step_count = torch.tensor([float(h["step"]) if "step" in h else 0.0 for h in held], dtype=torch.float64)
     plans = [ctx.batch_indices(config) for ctx in contexts]
     steps = np.array([len(p) for p in plans])
+    round_lr = np.array([config.round_lr(ctx.round) for ctx in contexts])
     data, loss = contexts[0].data, contexts[0].loss
 
     def objective(p, batch, c):
@@ -132,19 +139,26 @@ def train_group(
             weight[i, : len(c)] = 1.0
         flat = data.batch(index.reshape(-1))
         batch = (*(b.reshape(len(group), size, *b.shape[1:]) for b in flat), torch.from_numpy(weight))
-        grads, values = step_fn(params, batch, consts)
+        with autocast(config):
+            grads, values = step_fn(params, batch, consts)
         loss_sum += torch.where(active, values.detach().double(), 0.0)
         if gradient_sum is not None:
             for n in names:
                 gradient_sum[n] += _where(active, grads[n], 0.0)
-        _sgd_step(params, grads, momentum, config, active)
+        factors = [config.schedule.factor(t, int(n)) for n in steps]
+        lr = torch.tensor(round_lr * np.array(factors), dtype=torch.float32)
+        step_count += active.double()
+        _optimizer_step(params, grads, slots, step_count, lr, config, active)
     divisor = torch.from_numpy(np.maximum(steps, 1))
     results = []
     for i in range(len(group)):
+        state = {f"{slot}/{n}": held_[n][i] for slot, held_ in slots.items() for n in names}
+        if slots and config.optimizer != "sgd":
+            state["step"] = torch.tensor(float(step_count[i]), dtype=torch.float32)
         results.append(
             TrainResult(
                 params={n: params[n][i] for n in names},
-                momentum=None if momentum is None else {n: momentum[n][i] for n in names},
+                optimizer_state=state or None,
                 steps=int(steps[i]),
                 mean_loss=float(loss_sum[i] / divisor[i]),
                 mean_gradient=None
@@ -160,18 +174,51 @@ def _where(active: torch.Tensor, value: torch.Tensor, other: Any) -> torch.Tenso
     return torch.where(mask, value, other)
 
 
+def _per_client(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A (clients,) vector shaped to broadcast against ``like`` (clients, ...)."""
+    return value.reshape(-1, *([1] * (like.dim() - 1))).to(like.dtype)
+
+
 @torch.no_grad()
-def _sgd_step(params, grads, momentum, config: LocalConfig, active: torch.Tensor) -> None:
-    """engine/local_training.sgd_step for every client at once; inactive clients keep their values."""
+def _optimizer_step(params, grads, slots, step_count, lr, config: LocalConfig, active: torch.Tensor) -> None:
+    """engine/optimizers.py's step for every client at once, each at its own learning rate and step
+    count; inactive clients keep their values."""
     if config.clip_norm is not None:
         norms = torch.sqrt(sum(g.reshape(g.shape[0], -1).pow(2).sum(dim=1) for g in grads.values()))
         scale = torch.clamp(config.clip_norm / (norms + 1e-6), max=1.0)
         grads = {n: g * scale.reshape(-1, *([1] * (g.dim() - 1))) for n, g in grads.items()}
-    if config.weight_decay:
-        grads = {n: g + config.weight_decay * params[n] for n, g in grads.items()}
-    if momentum is not None:
+    decay = config.weight_decay
+    if config.optimizer == "sgd":
+        if decay:
+            grads = {n: g + decay * params[n] for n, g in grads.items()}
+        if "momentum_buffer" in slots:
+            momentum = slots["momentum_buffer"]
+            for n, g in grads.items():
+                momentum[n].copy_(_where(active, config.momentum * momentum[n] + g, momentum[n]))
+            grads = (
+                {n: g + config.momentum * momentum[n] for n, g in grads.items()}
+                if config.nesterov
+                else momentum
+            )
         for n, g in grads.items():
-            momentum[n].copy_(_where(active, config.momentum * momentum[n] + g, momentum[n]))
-        grads = momentum
+            params[n].copy_(_where(active, params[n] - _per_client(lr, g) * g, params[n]))
+        return
+    beta1, beta2 = config.betas
+    steps = step_count.clamp(min=1.0)
+    bias_correction1 = 1 - beta1**steps
+    bias_correction2_sqrt = (1 - beta2**steps).sqrt()
+    exp_avg, exp_avg_sq = slots["exp_avg"], slots["exp_avg_sq"]
     for n, g in grads.items():
-        params[n].copy_(_where(active, params[n] - config.lr * g, params[n]))
+        p = params[n]
+        rate = _per_client(lr, p)
+        if decay and config.optimizer == "adamw":
+            p = _where(active, p * (1 - rate * decay), p)
+        elif decay:
+            g = g + decay * p
+        m1 = exp_avg[n].lerp(g, 1 - beta1)
+        m2 = exp_avg_sq[n] * beta2 + (1 - beta2) * g * g
+        denom = m2.sqrt() / _per_client(bias_correction2_sqrt, p) + config.eps
+        stepped = p - (rate / _per_client(bias_correction1, p)) * m1 / denom
+        exp_avg[n].copy_(_where(active, m1, exp_avg[n]))
+        exp_avg_sq[n].copy_(_where(active, m2, exp_avg_sq[n]))
+        params[n].copy_(_where(active, stepped, params[n]))

@@ -41,6 +41,8 @@ def encode_part(part: RoundPart, ledger_rows: list[dict[str, Any]]) -> tuple[dic
         "failed": part.failed,
         "losses": part.losses,
         "client_info": {str(c): info for c, info in part.client_info.items()},
+        "heard": part.heard,
+        "settled": part.settled,
     }
     return header, blobs
 
@@ -54,6 +56,8 @@ def decode_part(header: dict[str, Any], blobs: list[bytes]) -> RoundPart:
         [tuple(f) for f in header["failed"]],
         list(header["losses"]),
         {int(c): info for c, info in header["client_info"].items()},
+        heard=list(header["heard"]),
+        settled=list(header["settled"]),
     )
 
 

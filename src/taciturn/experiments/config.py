@@ -6,6 +6,7 @@ names the key and the file. ``--set key=value`` overrides are applied before val
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import re
 import tomllib
@@ -21,9 +22,11 @@ from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_va
 from taciturn.algorithms import REGISTRY
 from taciturn.algorithms.base import StrictModel
 from taciturn.attacks.config import AttackConfig
+from taciturn.compression.config import CompressionConfig
 from taciturn.core.errors import TaciturnError
 from taciturn.engine.analysis import AnalysisConfig
 from taciturn.engine.trust import TrustConfig
+from taciturn.experiments.tracking import TrackingConfig
 from taciturn.privacy.config import PrivacyConfig
 from taciturn.secagg.config import SecAggConfig
 from taciturn.server.config import AggregationConfig
@@ -385,14 +388,72 @@ class ChannelConfig(StrictModel):
     drop_down: float = Field(0.0, ge=0, le=1, description="probability a downlink message is lost")
 
 
+CLIENT_HOLDOUT = 0.2  # [eval] client_holdout's default
+
+
 class EvalConfig(StrictModel):
     every: int = Field(1, ge=1, description="evaluate the global model every k rounds (and after the last)")
     batch_size: int = Field(2000, ge=1)
+    clients: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="the fraction of clients, sampled at each evaluation, that score the global model on "
+        "their own held-out split (0: off)",
+    )
+    client_holdout: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="the share of each client's data held out for that (removed from its training data "
+        "for the whole run; default 0.2 when clients > 0)",
+    )
+
+    @model_validator(mode="after")
+    def _holdout_with_clients(self) -> EvalConfig:
+        if self.clients == 0 and self.client_holdout is not None:
+            raise ValueError("client_holdout applies only with eval.clients > 0 (client-side evaluation)")
+        if self.clients > 0 and self.client_holdout is None:  # resolved, so config.toml says what was used
+            object.__setattr__(self, "client_holdout", CLIENT_HOLDOUT)
+        return self
 
 
 class CheckpointConfig(StrictModel):
     every: int = Field(10, ge=1, description="write a checkpoint every k rounds (and after the last)")
     keep: int = Field(2, ge=1, description="how many recent checkpoints to keep")
+    best: str | None = Field(
+        None, min_length=1, description="keep the model with the best value of this metrics column in best/"
+    )
+    best_mode: Literal["min", "max"] | None = Field(
+        None, description="whether lower or higher is better (default: losses min, accuracies max)"
+    )
+
+    @model_validator(mode="after")
+    def _known_direction(self) -> CheckpointConfig:
+        from taciturn.experiments.best import direction
+
+        if self.best is not None:  # a name that tells nothing is resolved once its column is known
+            with contextlib.suppress(ValueError):
+                object.__setattr__(self, "best_mode", direction(self.best, self.best_mode))
+        return self
+
+
+class StopConfig(StrictModel):
+    """Early stopping: end the run when ``metric`` has not improved for ``patience`` evaluations."""
+
+    metric: str | None = Field(None, min_length=1, description="the metrics column to watch (unset: off)")
+    mode: Literal["min", "max"] | None = Field(None, description="default: losses min, accuracies max")
+    patience: int = Field(5, ge=1, description="evaluations (eval.every rounds apart) without improvement")
+    min_delta: float = Field(0.0, ge=0, description="an improvement must beat the best by more than this")
+
+    @model_validator(mode="after")
+    def _known_direction(self) -> StopConfig:
+        from taciturn.experiments.best import direction
+
+        if self.metric is not None:  # a name that tells nothing is resolved once its column is known
+            with contextlib.suppress(ValueError):
+                object.__setattr__(self, "mode", direction(self.metric, self.mode))
+        return self
 
 
 _DEFAULT_TAGS = (
@@ -459,6 +520,8 @@ class RunConfig(StrictModel):
     channel: ChannelConfig = ChannelConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    stop: StopConfig = StopConfig()
+    tracking: TrackingConfig = TrackingConfig()
     engine: EngineConfig = EngineConfig()
     analysis: AnalysisConfig = AnalysisConfig()
     server: TrustConfig = TrustConfig()
@@ -466,6 +529,7 @@ class RunConfig(StrictModel):
     attack: AttackConfig = AttackConfig()
     privacy: PrivacyConfig = PrivacyConfig()
     secagg: SecAggConfig = SecAggConfig()
+    compression: CompressionConfig = CompressionConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -523,6 +587,18 @@ class RunConfig(StrictModel):
             )
         if (self.model.kind == "causal_lm") != (self.data.dataset == "instructions"):
             raise ValueError("model.kind = 'causal_lm' and data.dataset = 'instructions' go together")
+        if self.eval.clients and self.model.kind == "causal_lm":
+            raise ValueError(
+                "eval.clients: client-side evaluation scores class labels and your metrics, not the "
+                "language-model task's generations; leave it at 0 with model.kind = 'causal_lm'"
+            )
+        if self.eval.clients and (self.privacy.enabled or self.secagg.enabled):
+            table = "[privacy]" if self.privacy.enabled else "[secagg]"
+            raise ValueError(
+                f"eval.clients with {table}: client-side evaluation writes each sampled client's exact "
+                "score on its own data into metrics.jsonl, which the mechanism does not cover; leave "
+                "eval.clients at 0 in a private run"
+            )
         if self.analysis.enabled and self.engine.executor.startswith(("parallel", "ray")):
             raise ValueError(
                 "[analysis] needs every client's update in this process; use engine.executor = "
@@ -546,8 +622,12 @@ class RunConfig(StrictModel):
     def _secagg_fits(self) -> RunConfig:
         if not self.secagg.enabled:
             return self
-        if REGISTRY[self.algorithm.name].delta_prefix != "":
-            raise ValueError("[secagg] sums model deltas: use algorithm.name = 'fedavg' or 'fedprox'")
+        algorithm = REGISTRY[self.algorithm.name]
+        if algorithm.delta_prefix != "" or algorithm.keeps_client_state:
+            raise ValueError(
+                "[secagg] sums model deltas of stateless clients with equal weights: use "
+                "algorithm.name = 'fedavg' or 'fedprox'"
+            )
         if self.engine.executor.startswith("parallel"):
             raise ValueError("[secagg] runs the protocol among all of a round's clients in one process")
         if self.aggregation != AggregationConfig() or (
@@ -571,14 +651,88 @@ class RunConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _server_chain_needs_a_delta(self) -> RunConfig:
-        if (self.aggregation.per_client or self.privacy.enabled) and REGISTRY[
+    def _mechanisms_cover_every_secret(self) -> RunConfig:
+        """A privacy or robustness mechanism covers every array an algorithm sends about its data
+        (``Algorithm.covers_secrets``), or the combination is refused here, before work."""
+        if (self.aggregation.per_client or self.privacy.enabled) and not REGISTRY[
             self.algorithm.name
-        ].delta_prefix is None:
+        ].covers_secrets():
             raise ValueError(
-                f"[aggregation] combines model deltas; algorithm '{self.algorithm.name}' sends none "
-                "(use fedavg, fedprox or scaffold)"
+                f"[aggregation] and [privacy] must cover every array an algorithm sends; algorithm "
+                f"'{self.algorithm.name}' sends arrays they cannot combine (use fedavg, fedprox or scaffold)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _compression_fits(self) -> RunConfig:
+        """Which compressions hold with the algorithm, SecAgg, DP and the robust rules (the guide's
+        compression section says why): refused here, before any work."""
+        comp = self.compression
+        if not comp.enabled:
+            return self
+        name = self.algorithm.name
+        up, down = REGISTRY[name].carries(self.algorithm)
+        kinds = {d: [p.kind for p in getattr(comp, d)] for d in ("up", "down")}
+        for direction, carries in (("up", up), ("down", down)):
+            chain = getattr(comp, direction)
+            if chain and carries == "exact":
+                raise ValueError(
+                    f"compression.{direction}: {name}'s {direction}link must arrive exactly (every client "
+                    "replays the same history); leave it uncompressed"
+                )
+        hint = (
+            " (event_admm, fedadmm: set algorithm.uplink = 'change')"
+            if name in ("event_admm", "fedadmm")
+            else ""
+        )
+        if comp.up and up == "values" and not comp.for_values(comp.up):
+            raise ValueError(
+                f"compression.up = {kinds['up']}: {name}'s uplink carries values, not changes, and "
+                f"sparsifying or QSGD-quantising a value loses most of it; use fp16, bf16, int8 or int4{hint}"
+            )
+        if comp.up_feedback != "none" and up not in ("updates", "increments"):
+            raise ValueError(
+                f"compression.up_feedback = '{comp.up_feedback}' feeds back what compression dropped from a "
+                f"change; {name}'s uplink carries values{hint}"
+            )
+        if comp.up_feedback == "ef21" and up == "increments":
+            raise ValueError(
+                f"compression.up_feedback = 'ef21': {name}'s server adds each uplink into a running sum "
+                "(SCAFFOLD's c, event ADMM's copies), where EF21's estimate of each message would leave the "
+                "sum off for good; use up_feedback = 'memory', which keeps the sum exact up to what it holds"
+            )
+        if comp.down and not comp.for_values(comp.down) and comp.down_feedback != "ef21p":
+            raise ValueError(
+                f"compression.down = {kinds['down']}: the downlink carries the model itself; sparsifiers and "
+                "QSGD need compression.down_feedback = 'ef21p' (each client gets the compressed change "
+                "from the copy it holds)"
+            )
+        if comp.up and self.secagg.enabled:
+            raise ValueError(
+                "[secagg] masks every update in a ring of secagg.bits-bit integers: that is the uplink's "
+                "encoding (set secagg.bits); compression.up cannot apply to masked updates"
+            )
+        robust = self.aggregation.kind != "mean"
+        if robust and (not comp.for_values(comp.up) or comp.up_feedback != "none"):
+            raise ValueError(
+                f"[aggregation] kind = '{self.aggregation.kind}' compares the clients' updates: sparsified "
+                "or QSGD-quantised updates differ by their compression more than by their content, and "
+                "error memory re-sends what the rule discarded; with a robust rule use fp16, bf16, int8 "
+                "or int4 without up_feedback"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _schedules_span_the_run(self) -> RunConfig:
+        """A schedule over rounds without its own horizon spans the run's rounds (written into the
+        resolved config, so the run directory says what was used)."""
+        algorithm, local = self.algorithm, self.algorithm.local
+        if not local.round_schedule.constant and local.round_schedule.steps is None:
+            spanned = local.round_schedule.model_copy(update={"steps": self.rounds})
+            object.__setattr__(algorithm, "local", local.model_copy(update={"round_schedule": spanned}))
+        server = getattr(algorithm, "server_schedule", None)
+        if server is not None and not server.constant and server.steps is None:
+            object.__setattr__(algorithm, "server_schedule", server.model_copy(update={"steps": self.rounds}))
         return self
 
     @model_validator(mode="after")
@@ -632,6 +786,13 @@ def _resolve(loc: tuple, root: type[BaseModel]) -> tuple[list[str], type[BaseMod
         annotation = fields[part].annotation
         if typing.get_origin(annotation) is Annotated:
             annotation = typing.get_args(annotation)[0]
+        if typing.get_origin(annotation) in (tuple, list) and isinstance(parts[0], int):
+            path.append(str(parts.pop(0)))  # an item of a list of tables ([compression] up)
+            annotation = typing.get_args(annotation)[0]
+            if typing.get_origin(annotation) is Annotated:
+                annotation = typing.get_args(annotation)[0]
+            if not parts:
+                break
         union = typing.get_origin(annotation) in (Union, types.UnionType)
         members = [a for a in typing.get_args(annotation) if a is not type(None)] if union else [annotation]
         tagged = _member_for_tag(members, parts[0])

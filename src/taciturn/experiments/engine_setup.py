@@ -13,6 +13,7 @@ import torch
 
 from taciturn.algorithms.base import Algorithm
 from taciturn.attacks.poisoning import ModelPoisoning, pick_attackers
+from taciturn.compression.link import Downlink, Uplink
 from taciturn.core import device
 from taciturn.core.channel import Channel
 from taciturn.core.disk_store import DiskStateStore
@@ -27,6 +28,7 @@ from taciturn.engine.trial import TrialExecutor
 from taciturn.engine.vectorized import VectorizedExecutor
 from taciturn.experiments.config import ConfigError, RunConfig
 from taciturn.privacy.gaussian import GaussianSum, LocalGaussian, expected_clients
+from taciturn.privacy.noise import GaussianNoise
 from taciturn.secagg.quantize import levels
 from taciturn.server.aggregation import ServerAggregation, build_chain
 from taciturn.server.clipping import NormBound
@@ -54,6 +56,22 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
                 "a model's buffers (BatchNorm statistics) per client; use 'sequential', 'parallel' or 'auto'"
             )
         weighted = False  # auto: no vectorized path
+    if getattr(task, "random_layers", False):
+        if engine.executor.endswith("vectorized"):
+            raise ConfigError(
+                f"[engine.executor] '{engine.executor}' trains clients under vmap, which cannot draw a "
+                "model's dropout masks per client from the run's seeded streams; use 'sequential', "
+                "'parallel' or 'auto' (or dropout p = 0)"
+            )
+        weighted = False  # auto: no vectorized path
+    if config.algorithm.local.precision == "fp16":
+        if engine.executor.endswith("vectorized"):
+            raise ConfigError(
+                f"[engine.executor] '{engine.executor}' steps every client at once, which fp16's loss "
+                "scaling cannot (it skips one client's overflowing step); use precision = 'bf16', or "
+                "'sequential', 'parallel' or 'auto'"
+            )
+        weighted = False  # auto: no vectorized path
     if engine.executor.endswith("vectorized") and not weighted:
         raise ConfigError(
             f"[engine.executor] '{engine.executor}' needs a task whose loss takes sample weights"
@@ -76,6 +94,11 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
         return choice.Choice(
             "sequential", 0, "secure aggregation runs among a round's clients in one process"
         )
+    if engine.executor == "auto" and (feedback := in_process_links(config)):
+        in_process = "vectorized" if weighted else "sequential"
+        return choice.Choice(
+            in_process, 0, f"[compression] {feedback} keeps each client's copy in this process"
+        )
     if engine.executor == "auto" and config.attack.colluding:
         return choice.Choice("sequential", 0, "the simulated attackers read every honest update")
     if engine.executor == "ray":
@@ -86,8 +109,14 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
             engine.executor, workers if engine.executor.startswith("parallel") else 0, "set in the config"
         )
     if not weighted:  # e.g. a language model: one client at a time keeps every thread on its large products
-        why = "the model's buffers rule out" if getattr(task, "buffers", None) else "this task has no"
-        return choice.Choice("sequential", 0, f"{why} a vectorized path and its steps use all threads")
+        why = "this task has no vectorized path"
+        if getattr(task, "buffers", None):
+            why = "the model's buffers rule out a vectorized path"
+        elif getattr(task, "random_layers", False):
+            why = "the model's dropout rules out a vectorized path"
+        elif config.algorithm.local.precision == "fp16":
+            why = "fp16's per-client loss scaling rules out a vectorized path"
+        return choice.Choice("sequential", 0, f"{why} and its steps use all threads")
     local = config.algorithm.local
     clients = config.algorithm.clients_per_round(data.num_clients)
     mean_size = data.num_samples / data.num_clients
@@ -108,14 +137,20 @@ def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: C
     return picked.tried(config.rounds)
 
 
-def build_store(
-    config: RunConfig, algorithm: Algorithm, picked: choice.Choice, out: Path, num_clients: int
-) -> ClientStateStore:
+def store_kind(config: RunConfig, algorithm: Algorithm, picked: choice.Choice, num_clients: int) -> str:
+    """ "disk" or "memory": where the client states will live."""
     wanted = config.engine.store
     if wanted == "auto":
         stateful = algorithm.keeps_client_state
         parallel = picked.executor.startswith("parallel") or picked.challenger is not None
         wanted = "disk" if stateful and (parallel or num_clients >= DISK_STORE_CLIENTS) else "memory"
+    return wanted
+
+
+def build_store(
+    config: RunConfig, algorithm: Algorithm, picked: choice.Choice, out: Path, num_clients: int
+) -> ClientStateStore:
+    wanted = store_kind(config, algorithm, picked, num_clients)
     path = Path(out) / "client_state.bin" if wanted == "disk" else None
     if picked.executor == "ray" and algorithm.keeps_client_state:
         from taciturn.engine.ray_state import RayStateStore
@@ -140,12 +175,22 @@ def build_federation(
     ``ray_workers``: the actors ``start_ray`` started, for engine.executor = "ray"."""
     if config.engine.threads:
         torch.set_num_threads(config.engine.threads)
+    uplink, downlink = links(config, algorithm, streams, deployed=remote is not None)
     picked = None if remote is not None else choose_executor(config, algorithm, task, data)
+    if picked is not None and (feedback := in_process_links(config)):
+        on_disk = store_kind(config, algorithm, picked, data.num_clients) == "disk"
+        if on_disk or picked.executor not in ("sequential", "vectorized") or picked.challenger:
+            raise ConfigError(
+                f"[compression] {feedback} keeps a copy of each client's reference on the server, in this "
+                "process, and the client's in a store whose layout may grow with its first message: use "
+                "engine.executor = 'sequential' or 'vectorized' with engine.store = 'memory' (or 'auto')"
+            )
     chain, local_dp = server_chain(config, data, noise_multiplier), None
     privacy = config.privacy
     if privacy.enabled and privacy.mode == "local":
         assert noise_multiplier is not None and algorithm.delta_prefix is not None
-        local_dp = LocalGaussian(noise_multiplier, privacy.clip, algorithm.delta_prefix, streams)
+        noise = GaussianNoise(privacy.reproducible_noise)
+        local_dp = LocalGaussian(noise_multiplier, privacy.clip, algorithm.delta_prefix, streams, noise)
     poisoning = None
     if config.attack.active and config.attack.kind != "label_flip":
         attackers = pick_attackers(config.attack.fraction, data.num_clients, streams)
@@ -170,6 +215,9 @@ def build_federation(
         poisoning=poisoning,
         local_dp=local_dp,
         secure_sum=secure_sum(config, data, streams, simulated=remote is None),
+        private=privacy.enabled,
+        uplink=uplink,
+        downlink=downlink,
     )
     if picked is None:
         executor = remote(pipeline)
@@ -182,9 +230,47 @@ def build_federation(
         named = f"{picked.executor} or {picked.challenger}" if picked.challenger else picked.executor
         workers = f" with {picked.workers} workers" if picked.workers else ""
         note = f"executor: {named}{workers} ({picked.reason}); client state: {type(store).__name__}"
-    aggregation = None if chain is None else ServerAggregation(chain, algorithm, streams)
+    aggregation = None
+    if chain is not None:
+        central = privacy.enabled and privacy.mode == "central"
+        expected = dp_expected_clients(config, data) if central else None
+        aggregation = ServerAggregation(chain, algorithm, streams, expected)
     poisson = config.algorithm.fraction if privacy.enabled and privacy.sampling == "poisson" else None
-    return Federation(algorithm, executor, streams, data, aggregation, poisson), store, note
+    federation = Federation(algorithm, executor, streams, data, aggregation, poisson, uplink, downlink)
+    return federation, store, note
+
+
+def in_process_links(config: RunConfig) -> str:
+    """The feedback settings whose per-client copies need an in-process executor ('' if none)."""
+    compression = config.compression
+    wanted = [f"up_feedback = '{compression.up_feedback}'"] if compression.up_feedback == "ef21" else []
+    wanted += (
+        [f"down_feedback = '{compression.down_feedback}'"] if compression.down_feedback == "ef21p" else []
+    )
+    return " and ".join(wanted)
+
+
+def links(
+    config: RunConfig, algorithm: Algorithm, streams: Streams, deployed: bool
+) -> tuple[Uplink | None, Downlink | None]:
+    """Each link's compression ([compression]); a link that keeps client state (error memory, a
+    reference) makes the clients stateful, so the executors store it."""
+    compression = config.compression
+    initial = (
+        getattr(config.algorithm, "start", None) == "common"
+        or getattr(config.algorithm, "uplink", None) == "change"
+    )
+    if deployed and (compression.enabled or initial):
+        raise ConfigError(
+            "[compression], algorithm.start = 'common' and algorithm.uplink = 'change' run in simulation "
+            "only: a deployed node does not compress or build the initial model yet"
+        )
+    up, down = compression.transform("up"), compression.transform("down")
+    uplink = None if up is None else Uplink(up, streams)
+    downlink = None if down is None else Downlink(down, streams)
+    if any(link is not None and link.stateful for link in (uplink, downlink)):
+        algorithm.keeps_client_state = True
+    return uplink, downlink
 
 
 def secure_sum(
@@ -215,10 +301,24 @@ def server_chain(config: RunConfig, data: ClientData, noise_multiplier: float | 
     privacy = config.privacy
     if privacy.enabled and privacy.mode == "central":
         assert noise_multiplier is not None
-        per_round = config.algorithm.clients_per_round(data.num_clients)
-        expected = expected_clients(privacy.sampling, config.algorithm.fraction, data.num_clients, per_round)
-        return Chain([NormBound(privacy.clip), GaussianSum(noise_multiplier, privacy.clip, expected)])
-    return build_chain(config.aggregation) if config.aggregation.per_client else None
+        noise = GaussianNoise(privacy.reproducible_noise)
+        return Chain(
+            [
+                NormBound(privacy.clip, count=False),  # the exact clipped count is no DP release
+                GaussianSum(noise_multiplier, privacy.clip, dp_expected_clients(config, data), noise),
+            ]
+        )
+    if not config.aggregation.per_client:
+        return None
+    if problem := config.aggregation.problem(config.algorithm.clients_per_round(data.num_clients)):
+        raise ConfigError(f"[aggregation] {problem}")
+    return build_chain(config.aggregation)
+
+
+def dp_expected_clients(config: RunConfig, data: ClientData) -> float:
+    """q N: the clients a central-DP round expects, its release's fixed denominator."""
+    per_round = config.algorithm.clients_per_round(data.num_clients)
+    return expected_clients(config.privacy.sampling, config.algorithm.fraction, data.num_clients, per_round)
 
 
 def build_executor(

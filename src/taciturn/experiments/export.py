@@ -3,7 +3,7 @@
 The global parameters are named as in the model's ``state_dict`` (no internal prefixes), so
 ``model.load_state_dict(safetensors.torch.load_file(path))`` accepts them for the user's own class.
 Integer buffers (BatchNorm's batch counter) are not federated; run.json keeps their starting
-values so that the exported state_dict is complete.
+values, and the second names of tied parameters, so that the exported state_dict is complete.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from taciturn.algorithms import build_algorithm
 from taciturn.core.params import Params
 from taciturn.core.rng import Streams
 from taciturn.experiments import checkpoint
+from taciturn.experiments.best import read_best
 from taciturn.experiments.config import ConfigError, RunConfig, load_config
 from taciturn.report.rundir import RunDir, RunDirError
+from taciturn.tasks.hf import WRAPPED, TokenModel
 
 FORMATS = ("state_dict", "hf")
 
@@ -43,9 +45,26 @@ def model_record(task: Any, data: Any) -> dict[str, Any]:
         was_training = model.training
         outputs = model.eval()(dataset.x_test[:1]).shape[1:]
         model.train(was_training)
-    return {
-        "model": {"input_shape": list(dataset.input_shape), "outputs": list(outputs), "fixed_buffers": fixed}
-    }
+    record = {"input_shape": list(dataset.input_shape), "outputs": list(outputs), "fixed_buffers": fixed}
+    if tied := tied_names(model):
+        record["tied"] = tied
+    if isinstance(model, TokenModel):  # a Hugging Face model: its own names are the ones past the prefix
+        record["wrapped"] = WRAPPED
+    return {"model": record}
+
+
+def tied_names(model: nn.Module) -> dict[str, str]:
+    """{alias: name} of parameters shared under two names (a language model's output layer tied to
+    its embedding): the federated parameters hold each tensor once, under ``name``, but the
+    model's state_dict lists both."""
+    first: dict[int, str] = {}
+    tied = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            tied[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return tied
 
 
 def _checkpoint(rundir: RunDir, round: int | None) -> tuple[int, Path]:
@@ -66,34 +85,45 @@ def _federated_config(rundir: RunDir) -> RunConfig:
     return config
 
 
-def state_dict(path: Path | str, round: int | None = None) -> tuple[int, Params]:
-    """The global model of a checkpoint (the last one by default) as a state_dict, and its round."""
+def state_dict(path: Path | str, round: int | None = None, best: bool = False) -> tuple[int, Params]:
+    """The global model of a checkpoint (the last one by default), or the best model kept
+    ([checkpoint] best), as a state_dict, and its round."""
     rundir = RunDir(path)
     config = _federated_config(rundir)
-    round, folder = _checkpoint(rundir, round)
-    algorithm = build_algorithm(config.algorithm)
-    algorithm.use_streams(Streams(config.seed))
-    params = algorithm.global_params(checkpoint.load_server(folder, algorithm))
+    if best:
+        if round is not None:
+            raise ConfigError("--best and --round name different models: give one of them")
+        kept, params = read_best(rundir.path)
+        round = int(kept["round"])
+    else:
+        round, folder = _checkpoint(rundir, round)
+        algorithm = build_algorithm(config.algorithm)
+        algorithm.use_streams(Streams(config.seed))
+        params = algorithm.global_params(checkpoint.load_server(folder, algorithm))
     record = json.loads(rundir.info.read_text()).get("model", {}) if rundir.info.exists() else {}
     fixed = {
         name: torch.tensor(b["value"], dtype=getattr(torch, b["dtype"]))
         for name, b in record.get("fixed_buffers", {}).items()
     }
     weights = {k: v.detach().contiguous() for k, v in params.items()} | fixed
-    if config.model.kind == "hf":  # the Hugging Face model's own names, without the wrapper's
-        from taciturn.tasks.hf import WRAPPED
-
+    for alias, name in record.get("tied", {}).items():  # a copy: safetensors stores no shared tensors
+        if isinstance(alias, str) and isinstance(name, str) and name in weights:
+            weights[alias] = weights[name].clone()
+    if config.model.kind == "hf" or record.get("wrapped"):  # the Hugging Face model's own names
         weights = {k.removeprefix(WRAPPED): v for k, v in weights.items()}
     return round, weights
 
 
-def load_model(path: Path | str, model: nn.Module | None = None, round: int | None = None) -> nn.Module:
-    """The trained global model: a copy of ``model`` (the user's own, for runs given a Python object)
-    with the run's weights, or the model the config builds (built-in kinds, model.factory)."""
+def load_model(
+    path: Path | str, model: nn.Module | None = None, round: int | None = None, best: bool = False
+) -> nn.Module:
+    """The trained global model (or the best one kept): a copy of ``model`` (the user's own, for runs
+    given a Python object) with the run's weights, or the model the config builds (built-in kinds,
+    model.factory)."""
     rundir = RunDir(path)
     config = _federated_config(rundir)
     model = build_model_of(config, rundir) if model is None else copy.deepcopy(model)
-    _, weights = state_dict(path, round)
+    _, weights = state_dict(path, round, best)
     model.load_state_dict(weights)
     return model.eval()
 
@@ -130,16 +160,18 @@ def export(
     round: int | None = None,
     model: nn.Module | None = None,
     overwrite: bool = False,
+    best: bool = False,
 ) -> Path:
-    """Write the run's global model to ``out``: a .safetensors state_dict, or (format "hf") a
-    Hugging Face ``save_pretrained`` folder. An existing file is replaced only with ``overwrite``."""
+    """Write the run's global model (``best``: the best one kept) to ``out``: a .safetensors
+    state_dict, or (format "hf") a Hugging Face ``save_pretrained`` folder. An existing file is
+    replaced only with ``overwrite``."""
     out = Path(out)
     if format not in FORMATS:
         raise ConfigError(f"--format {format!r}: choose one of {', '.join(FORMATS)}")
     if out.exists() and not (overwrite and (out.is_file() or format == "hf")):
         raise RunDirError(f"{out} exists; choose another --out, or pass --overwrite to replace it")
     if format == "hf":
-        trained = load_model(path, model, round)
+        trained = load_model(path, model, round, best)
         if not hasattr(trained, "save_pretrained"):
             raise ConfigError(
                 f"--format hf needs a Hugging Face model; this run's is a {type(trained).__name__}"
@@ -148,7 +180,7 @@ def export(
         return out
     from safetensors.torch import save_file
 
-    _, weights = state_dict(path, round)
+    _, weights = state_dict(path, round, best)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_file(weights, str(out))
     return out

@@ -38,7 +38,12 @@ def local_scores(
     if data.dataset.num_classes:
         held_out = torch.bincount(task.y_test, minlength=counts.shape[1]).cpu().numpy()[: counts.shape[1]] > 0
     scores = [
-        _client_scores(task, params | {n: s[n].to(params[n].device) for n in names}, counts[client], held_out)
+        _client_scores(
+            task,
+            params | {n: s[f"buffers/{n}"].to(params[n].device) for n in names},
+            counts[client],
+            held_out,
+        )
         for client in sorted(store.clients())
         if (s := store.get(client)) is not None
     ]

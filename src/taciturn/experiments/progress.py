@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -22,6 +23,12 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"
+
+
+def show_progress() -> bool:
+    """Whether ``taciturn.run`` shows its progress bar by default: in a terminal or a notebook."""
+    console = Console()
+    return console.is_terminal or console.is_jupyter
 
 
 class RoundProgress:

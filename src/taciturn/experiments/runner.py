@@ -20,35 +20,42 @@ import torch
 import torch.nn.functional as F
 
 from taciturn.algorithms import Algorithm, build_algorithm
-from taciturn.algorithms.fedavg import FedAvg
 from taciturn.attacks.label_flip import flip_labels
 from taciturn.attacks.poisoning import pick_attackers
+from taciturn.compression.link import ReferenceCopies
+from taciturn.core import device
 from taciturn.core.channel import Channel
 from taciturn.core.device import DeviceError, resolve, use
 from taciturn.core.ledger import Direction, Ledger
 from taciturn.core.rng import SERVER, Streams
 from taciturn.core.state_store import ClientStateStore
+from taciturn.data.client_holdout import carve
 from taciturn.data.datasets import ArrayDataset, DataError, load_dataset
 from taciturn.data.federated import FederatedData
 from taciturn.data.partition import partition
 from taciturn.engine.analysis import Analysis, TwinState
 from taciturn.engine.federation import Federation, RoundReport
 from taciturn.experiments import checkpoint, memory
+from taciturn.experiments.best import BestModel, EarlyStop, check_columns
+from taciturn.experiments.client_eval import ClientEvaluation
 from taciturn.experiments.clients import ClientsSetup, on_server, simulated
 from taciturn.experiments.config import ConfigError, RunConfig, load_config, to_toml
 from taciturn.experiments.engine_setup import DEPLOYED, ExecutorFactory, build_federation, start_ray
 from taciturn.experiments.export import model_record
 from taciturn.experiments.local_eval import local_scores
 from taciturn.experiments.progress import RoundProgress
+from taciturn.experiments.tracking import Trackers, check_installed
 from taciturn.experiments.user import (
     UserObjects,
     check_fit,
     default_metrics,
     require_objects,
+    token_model,
     user_dataset,
     user_loss,
     user_model,
 )
+from taciturn.privacy.config import NOT_PRIVATE
 from taciturn.report.divergence import divergence, row_line
 from taciturn.report.rundir import RunDir, RunDirError
 from taciturn.server.aggregation import ChainState
@@ -97,6 +104,10 @@ class Experiment:
     engine_note: str  # which executor and store, and why
     analysis: Analysis | None = None
     accountant: Any = None  # privacy/accountant.py Accountant when [privacy] is on
+    best: BestModel | None = None  # [checkpoint] best: the best model so far, kept in best/
+    stop: EarlyStop | None = None  # [stop]: early stopping
+    trackers: Trackers | None = None  # [tracking]: TensorBoard, MLflow
+    client_eval: ClientEvaluation | None = None  # [eval] clients: each client's own held-out split
 
 
 def build_task(
@@ -134,8 +145,11 @@ def build_task(
             groups=dataset.groups,
             **part_options,
         )
+        held_out = None
+        if config.eval.clients:  # each client's own held-out split, out of its training data for the run
+            parts, held_out = carve(parts, config.eval.client_holdout, streams)
         dataset = on_device(dataset, device)
-        data = FederatedData.from_parts(dataset, parts)
+        data = FederatedData.from_parts(dataset, parts, held_out)
     loss = user_loss(config, objects)
     squared = config.loss == "mse"
     if dataset.num_classes == 0:
@@ -146,7 +160,7 @@ def build_task(
     if config.model.kind == "hf":
         model = _hf_classifier(config.model.name_or_path)
     elif own_model:
-        model = user_model(config, streams, objects)
+        model = token_model(user_model(config, streams, objects), dataset)
     else:
         model_options = config.model.model_dump(exclude={"kind"})
         try:
@@ -243,15 +257,27 @@ def _dataset(config: RunConfig, streams: Streams, objects: UserObjects) -> Array
         raise ConfigError(f"[data] {error}") from None
 
 
-def keep_buffers_local(algorithm: Algorithm, task: Task, deployed: bool) -> None:
-    """``model.buffers = "local"``: FedBN (Li et al., ICLR 2021) through FedAvg's client state."""
-    if not getattr(task, "buffers", None):
+def use_buffers(config: RunConfig, algorithm: Algorithm, task: Task, deployed: bool) -> None:
+    """Tell the algorithm the model's buffers (BatchNorm statistics): averaged (``model.buffers =
+    "federated"``) or kept by each client in its client state (``"local"``: FedBN, Li et al., ICLR
+    2021); refuse what cannot federate them, before any work."""
+    buffers = getattr(task, "buffers", frozenset())
+    local = getattr(config.model, "buffers", "federated") == "local"
+    if local and not buffers:
         raise ConfigError("[model.buffers] 'local' needs a model with buffers (BatchNorm statistics)")
-    if not isinstance(algorithm, FedAvg):
-        raise ConfigError(f"[model.buffers] 'local' (FedBN) runs with 'fedavg', not '{algorithm.name}'")
-    if deployed:
+    if not buffers:
+        return
+    if not algorithm.supports_buffers:
+        raise ConfigError(
+            f"[algorithm.name] '{algorithm.name}' cannot federate a model with buffers (e.g. BatchNorm "
+            f"statistics: {', '.join(sorted(buffers)[:3])}); use fedavg, fedprox, scaffold, fedadmm or "
+            "event_admm, or a model without them (GroupNorm or LayerNorm keep no statistics)"
+        )
+    if config.analysis.enabled:
+        raise ConfigError("[analysis] does not handle models with buffers (BatchNorm statistics) yet")
+    if local and deployed:
         raise ConfigError("[model.buffers] 'local' is not supported by deployed runs yet; use 'federated'")
-    algorithm.keep_buffers_local(task.buffers)
+    algorithm.use_buffers(buffers, local)
 
 
 def prepare(
@@ -288,15 +314,10 @@ def _prepare(
         data = flip_labels(data, pick_attackers(config.attack.fraction, data.num_clients, streams))
     algorithm = build_algorithm(config.algorithm)
     accountant = build_accountant(config, data.num_clients) if config.privacy.enabled else None
-    if getattr(task, "buffers", None) and not algorithm.averages_buffers:
-        raise ConfigError(
-            f"[algorithm.name] '{algorithm.name}' cannot federate a model with buffers (e.g. BatchNorm "
-            f"statistics: {', '.join(sorted(task.buffers)[:3])}); use 'fedavg', or a model without them"
-        )
-    if getattr(task, "buffers", None) and config.analysis.enabled:
-        raise ConfigError("[analysis] does not handle models with buffers (BatchNorm statistics) yet")
-    if getattr(config.model, "buffers", "federated") == "local":
-        keep_buffers_local(algorithm, task, remote is not None)
+    use_buffers(config, algorithm, task, remote is not None)
+    client_eval = _client_evaluation(config, task, data, streams, remote is not None)
+    if (missing := check_installed(config.tracking)) is not None:
+        raise ConfigError(missing)
     ledger = ledger or Ledger()
     channel = Channel(ledger, streams, config.channel.drop_up, config.channel.drop_down)
     federation, store, engine_note = build_federation(
@@ -316,9 +337,10 @@ def _prepare(
         if config.analysis.enabled
         else None
     )
+    rundir = RunDir(out)
     return Experiment(
         config,
-        RunDir(out),
+        rundir,
         streams,
         data,
         task,
@@ -329,7 +351,27 @@ def _prepare(
         engine_note,
         analysis,
         accountant,
+        client_eval=client_eval,
     )
+
+
+def _client_evaluation(
+    config: RunConfig, task: Task, data: ClientData, streams: Streams, deployed: bool
+) -> ClientEvaluation | None:
+    """[eval] clients: the global model on sampled clients' own held-out splits (in this process, so
+    with every simulated executor); deployed runs' data stays on the nodes, so they refuse it."""
+    if not config.eval.clients:
+        return None
+    if deployed:
+        raise ConfigError(
+            "[eval.clients] deployed runs keep each client's data on its node; client-side evaluation "
+            "runs in simulation only for now (leave eval.clients at 0)"
+        )
+    assert isinstance(data, FederatedData) and isinstance(task, ClassificationTask)
+    try:
+        return ClientEvaluation(config.eval.clients, task, data, streams)
+    except ValueError as error:
+        raise ConfigError(f"[eval.client_holdout] {error}") from None
 
 
 def build_accountant(config: RunConfig, num_clients: int) -> Any:
@@ -340,9 +382,12 @@ def build_accountant(config: RunConfig, num_clients: int) -> Any:
         raise ConfigError("[privacy] needs dp-accounting: pip install 'taciturn[dp]'") from None
     privacy, fraction = config.privacy, config.algorithm.fraction
     per_round = config.algorithm.clients_per_round(num_clients)
-    z = privacy.noise_multiplier or solve_noise_multiplier(
-        privacy, num_clients, fraction, per_round, config.rounds
-    )
+    try:
+        z = privacy.noise_multiplier or solve_noise_multiplier(
+            privacy, num_clients, fraction, per_round, config.rounds
+        )
+    except ValueError as error:
+        raise ConfigError(f"[privacy.target_epsilon] {error}") from None
     log.info(
         "client-level DP: noise multiplier %.4f (%s accountant, delta %g)",
         z,
@@ -366,9 +411,18 @@ def _write_partition(exp: Experiment) -> None:
                 "num_classes": exp.data.dataset.num_classes,
                 "sizes": hist.sum(axis=1).tolist(),
                 "histogram": hist.tolist(),
+                **_held_out_sizes(exp.data),
             }
         )
     )
+
+
+def _held_out_sizes(data: ClientData) -> dict[str, list[int]]:
+    """Each client's held-out samples ([eval] clients), which its sizes above no longer count."""
+    held_out = getattr(data, "held_out", None)
+    if held_out is None:
+        return {}
+    return {"held_out": [held_out.client_size(c) for c in range(held_out.num_clients)]}
 
 
 def _attach_log(rundir: RunDir) -> logging.Handler:
@@ -394,20 +448,28 @@ def start(
     with rundir.lock():
         rundir.check_free(overwrite)
         exp = prepare(config, out, objects=objects, remote=remote)  # all that can fail on config or data
+        params = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))
+        state = exp.algorithm.init_server(params, exp.data.num_clients)
+        if exp.analysis is not None:
+            exp.analysis.begin(params)
+        counters: dict[str, Any] = {"round": 0, "wall_s": 0.0, "rejected": 0, "failed": 0, "skipped": 0}
+        row = _with_analysis(exp, state, _evaluate(exp, state, counters, None))
+        _watchers(exp, row)  # a column that does not exist fails before the folder is written
         rundir.reset(to_toml(config))
         info = {"primary_metric": exp.task.primary_metric, "engine": exp.engine_note}
+        info["device"] = str(device.current())  # what engine.device = "auto" resolved to
+        if exp.accountant is not None:
+            info["privacy"] = privacy_record(config, exp.accountant)
         if note := getattr(exp.task, "evaluation", None):  # per-client data: where the model is evaluated
             sizes = [exp.data.client_size(c) for c in range(exp.data.num_clients)]
             info |= {"evaluation": note, "client_sizes": sizes}
         rundir.info.write_text(json.dumps(info | model_record(exp.task, exp.data)))
         _write_partition(exp)
-        params = exp.task.init_params(exp.streams.torch(0, SERVER, "init"))
-        state = exp.algorithm.init_server(params, exp.data.num_clients)
-        if exp.analysis is not None:
-            exp.analysis.begin(params)
-        counters = {"round": 0, "wall_s": 0.0, "rejected": 0, "failed": 0, "skipped": 0}
-        row = _evaluate(exp, state, counters, None)
-        RunDir.append_jsonl(rundir.metrics, _with_analysis(exp, state, row))
+        RunDir.append_jsonl(rundir.metrics, row)
+        _start_trackers(exp, None)
+        _watch(exp, state, row, counters)
+        if exp.trackers is not None:
+            exp.trackers.log(row)
         return _loop(exp, state, counters, progress, callbacks)
 
 
@@ -452,6 +514,13 @@ def resume(
         if exp.federation.aggregation is not None:
             chain = checkpoint.load_extra(folder, "server_chain", ChainState({}))
             exp.federation.aggregation.restore(chain)
+        for link in (exp.federation.uplink, exp.federation.downlink):
+            if link is not None:
+                link.restore(
+                    checkpoint.load_extra(folder, f"{link.direction}link_copies", ReferenceCopies({}))
+                )
+        _watchers(exp, None)
+        _start_trackers(exp, round)
         executor = exp.federation.executor
         executor.checkpointed(
             {
@@ -475,7 +544,7 @@ def _evaluate(
 ) -> dict[str, Any]:
     params = exp.algorithm.global_params(state)
     scores = exp.task.evaluate(params)
-    if local := getattr(exp.algorithm, "local_buffers", None):  # FedBN: each client's own model too
+    if local := exp.algorithm.local_buffers:  # FedBN: each client's own model too
         scores |= local_scores(exp.task, exp.data, exp.store, params, local)
     up, down = exp.ledger.totals(Direction.UP), exp.ledger.totals(Direction.DOWN)
     return {
@@ -494,7 +563,41 @@ def _evaluate(
         "skipped": counters.get("skipped", 0),
         "wall_s": round(counters["wall_s"], 3),
         **({} if report is None else report.server_info),
-        **({} if exp.accountant is None else {"epsilon": exp.accountant.epsilon(counters["round"])}),
+        **({} if exp.accountant is None else epsilon_columns(exp.config, exp.accountant, counters["round"])),
+        **({} if exp.client_eval is None else exp.client_eval.scores(params, counters["round"])),
+    }
+
+
+def epsilon_columns(config: RunConfig, accountant: Any, round: int) -> dict[str, Any]:
+    """``epsilon`` after ``round`` (local DP: of one participation). With reproducible noise the
+    column says "not private: reproducible noise" instead, and the figure the accountant gives
+    (what the mechanism would cost with secret noise) is ``nominal_epsilon``."""
+    epsilon = accountant.epsilon(round)
+    if config.privacy.reproducible_noise:
+        return {"epsilon": NOT_PRIVATE, "nominal_epsilon": epsilon}
+    return {"epsilon": epsilon}
+
+
+def privacy_record(config: RunConfig, accountant: Any) -> dict[str, Any]:
+    """What run.json says about a private run: the mechanism, what its epsilon means, and where
+    its noise came from."""
+    privacy = config.privacy
+    central = privacy.mode == "central"
+    return {
+        "mode": privacy.mode,
+        "noise": NOT_PRIVATE if privacy.reproducible_noise else "the OS CSPRNG (os.urandom)",
+        "noise_multiplier": accountant.noise_multiplier,
+        "clip": privacy.clip,
+        "delta": privacy.delta,
+        "accountant": privacy.accountant,
+        "epsilon": "after each round, over the whole run"
+        if central
+        else "of one client's participation, against the server (no amplification by sampling)",
+        "neighbours": "the client's own update, any of norm <= clip (sensitivity 2 clip)"
+        if not central
+        else "add/remove-one client"
+        if privacy.sampling == "poisson"
+        else "replace-one client (sensitivity 2 clip)",
     }
 
 
@@ -505,11 +608,57 @@ def _with_analysis(exp: Experiment, state: Any, row: dict[str, Any]) -> dict[str
     return row | exp.analysis.metrics(exp.algorithm.global_params(state))
 
 
-def _record_events(rundir: RunDir, report: RoundReport) -> None:
+def _watchers(exp: Experiment, row: dict[str, Any] | None) -> None:
+    """The best model's keeper and early stopping, when configured. At the start, ``row`` (round 0's)
+    checks that [checkpoint] best and [stop] metric name columns the rows will have (its own, the
+    training loss, and FedBN's local_ scores, which appear once clients hold statistics)."""
+    config = exp.config
+    wanted = {"checkpoint.best": config.checkpoint.best, "stop.metric": config.stop.metric}
+    try:
+        if row is not None:
+            primary = ("loss", exp.task.primary_metric)
+            local = [f"local_{k}" for k in row if exp.algorithm.local_buffers and k in primary]
+            check_columns({k: v for k, v in wanted.items() if v is not None}, [*row, "train_loss", *local])
+        if config.checkpoint.best is not None:
+            exp.best = BestModel(config.checkpoint.best, config.checkpoint.best_mode, exp.rundir)
+        if config.stop.metric is not None:
+            stop = config.stop
+            exp.stop = EarlyStop(stop.metric, stop.mode, stop.patience, stop.min_delta)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def _start_trackers(exp: Experiment, resumed: int | None) -> None:
+    """[tracking]'s TensorBoard and MLflow (``resumed``: the checkpoint's round a resume starts from)."""
+    tracking = exp.config.tracking
+    if tracking.tensorboard or tracking.mlflow:
+        tree = exp.config.model_dump(mode="json", exclude_none=True)
+        exp.trackers = Trackers(tracking, exp.rundir, exp.config.name, tree, resumed)
+
+
+def _watch(exp: Experiment, state: Any, row: dict[str, Any], counters: dict[str, Any]) -> None:
+    """Keep the best model and decide on early stopping after an evaluation (counters are checkpointed)."""
+    if exp.best is not None:
+        exp.best.seen(row, exp.algorithm.global_params(state), counters)
+    if exp.stop is not None and (why := exp.stop.seen(row, counters)) is not None:
+        counters["stopped"] = {"round": row["round"], "reason": why}
+        log.info("stopping early after round %d: %s", row["round"], why)
+        info = json.loads(exp.rundir.info.read_text())
+        exp.rundir.info.write_text(json.dumps(info | {"stopped": counters["stopped"]}))
+
+
+def _record_events(rundir: RunDir, report: RoundReport, private: bool) -> None:
+    """``private``: events name no client (who took part is what sampling hides)."""
     for kind, items in (("rejected", report.rejected), ("failed", report.failed)):
         for client, reason in items:
             RunDir.append_jsonl(
-                rundir.events, {"round": report.round, "client": client, "event": kind, "reason": reason}
+                rundir.events,
+                {
+                    "round": report.round,
+                    "client": None if private else client,
+                    "event": kind,
+                    "reason": reason,
+                },
             )
     if report.skipped is not None:
         RunDir.append_jsonl(
@@ -528,6 +677,12 @@ def _loop(
     config, rundir = exp.config, exp.rundir
     handler = _attach_log(rundir)
     log.info(exp.engine_note)
+    if config.privacy.enabled and config.privacy.reproducible_noise:
+        log.warning(
+            "%s: [privacy] reproducible_noise = true draws the noise from the run seed, which anyone "
+            "with the config can regenerate and subtract; use it for research only",
+            NOT_PRIVATE,
+        )
     log.info(
         "run %s: %s on %s, rounds %d..%d",
         config.name,
@@ -537,20 +692,23 @@ def _loop(
         config.rounds,
     )
     first = next(iter(rundir.read_metrics()), None)  # round 0: the loss divergence is measured against
-    warned = False
+    warned = finished = False
     try:
         with RoundProgress(
             config.rounds, counters["round"], enabled=progress, metric=exp.task.primary_metric
         ) as bar:
             for round in range(counters["round"] + 1, config.rounds + 1):
+                if counters.get("stopped"):  # a resumed run that had stopped early
+                    break
                 started = time.perf_counter()
                 started_from = state
                 state, report = exp.federation.run_round(state, round)
                 counters["wall_s"] += time.perf_counter() - started
                 if exp.analysis is not None:
                     exp.analysis.after_round(round, started_from, report)  # not timed: not FedAvg's cost
-                exp.ledger.append_csv(rundir.ledger, round)
-                _record_events(rundir, report)
+                private = config.privacy.enabled
+                exp.ledger.append_csv(rundir.ledger, round, by_client=not private)
+                _record_events(rundir, report, private)
                 if report.selected and len(report.failed) == len(report.selected):
                     raise RunFailed(
                         f"every client failed in round {round}; first error: {report.failed[0][1]}"
@@ -566,14 +724,21 @@ def _loop(
                     counters["wall_s"] += time.perf_counter() - started
                     row = _with_analysis(exp, state, row)
                     RunDir.append_jsonl(rundir.metrics, row)
+                    if exp.trackers is not None:
+                        exp.trackers.log(row)
                     log.info(row_line(row, exp.task.primary_metric))
                     if not warned and (why := divergence([first or row, row])):
                         log.warning(why)
                         warned = True
-                if round % config.checkpoint.every == 0 or round == config.rounds:
+                    _watch(exp, state, row, counters)
+                last_round = round == config.rounds or "stopped" in counters
+                if round % config.checkpoint.every == 0 or last_round:
                     extras = {} if exp.analysis is None else exp.analysis.checkpoint_extras()
                     if exp.federation.aggregation is not None:
                         extras |= exp.federation.aggregation.checkpoint_extras()
+                    for link in (exp.federation.uplink, exp.federation.downlink):
+                        if link is not None:
+                            extras |= link.checkpoint_extras()
                     executor = exp.federation.executor.checkpoint_extras()
                     checkpoint.save(
                         rundir.checkpoint_dir(round), state, exp.store, counters, extras | executor, rundir
@@ -583,10 +748,15 @@ def _loop(
                 bar.update(round, row, exp.ledger)
                 for callback in callbacks:
                     callback(RoundEnd(round, row, report, state, exp.algorithm))
+                if "stopped" in counters:
+                    break
         last = rundir.read_metrics()[-1:]
         log.info("finished: %s", row_line(last[0], exp.task.primary_metric) if last else "no evaluation")
+        finished = True
     finally:
         exp.federation.executor.close()
+        if exp.trackers is not None:
+            exp.trackers.close(failed=not finished)
         log.removeHandler(handler)
         handler.close()
     return rundir

@@ -45,11 +45,16 @@ def _federated_headline(rundir: RunDir) -> str:
     from taciturn.report.plots import metric_keys
 
     metric = rundir.primary_metric()
-    s = summary(rundir.numeric_metrics(metric_keys(metric)), metric)
-    return (
+    rows = rundir.numeric_metrics(metric_keys(metric))
+    s = summary(rows, metric)
+    line = (
         f"final {metric} {s.get(f'final {metric}')}, {s.get('MB up')} MB up, "
         f"{s.get('MB down')} MB down, {s.get('wall s')} s"
     )
+    epsilon = rows[-1].get("epsilon")  # [privacy]: a number, or "not private: reproducible noise"
+    if isinstance(epsilon, int | float):
+        return f"{line}, epsilon {epsilon:.4g}"
+    return line if epsilon is None else f"{line}; {str(epsilon).upper()}"
 
 
 def _federated_comparison(rundirs: list[RunDir], out: Path) -> tuple[Path, dict[str, dict]]:

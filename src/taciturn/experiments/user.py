@@ -88,6 +88,22 @@ def user_model(config: RunConfig, streams: Streams, objects: UserObjects) -> nn.
     return model
 
 
+def token_model(model: nn.Module, dataset: ArrayDataset) -> nn.Module:
+    """A Hugging Face model (a ``PreTrainedModel`` object) wrapped to read token ids and return its
+    logits as the other models do (tasks/hf.py); any other module as it is."""
+    from taciturn.tasks.hf import is_hf_model
+    from taciturn.tasks.hf import token_model as wrap
+
+    if not is_hf_model(model):
+        return model
+    if dataset.x_train.is_floating_point():
+        raise ConfigError(
+            f"[data] {type(model).__name__} reads token ids, but the inputs are {dataset.x_train.dtype}: "
+            "give integer tensors (the tokenizer's input_ids, int64)"
+        )
+    return wrap(model)
+
+
 def user_loss(config: RunConfig, objects: UserObjects) -> Callable | None:
     """The loss function the config or the caller names; None for the built-in ones."""
     if config.loss in BUILTIN_LOSSES:
@@ -122,7 +138,8 @@ def check_fit(
     if loss is None:
         if dataset.num_classes == 0:
             raise ConfigError(
-                "[loss] the targets are not class labels (floating point): give a loss, e.g. "
+                "[loss] the targets are not class labels (floating point, or several per sample): give "
+                "a loss, e.g. "
                 "loss=torch.nn.functional.mse_loss or loss = 'package.module:callable'"
             )
         if out.ndim != 2 or out.shape[1] < outputs_needed:
@@ -145,8 +162,9 @@ def check_fit(
 def default_metrics(
     dataset: ArrayDataset, outputs: tuple[int, ...], metrics: Mapping[str, Callable]
 ) -> dict[str, Callable]:
-    """Classification (class labels, a score per class) keeps its accuracy beside the user's metrics."""
+    """Classification (class labels, a score per class) keeps its accuracy after the user's metrics,
+    the first of which leads the report."""
     from taciturn.tasks.custom import accuracy
 
     scores = dataset.num_classes and len(outputs) == 1 and outputs[0] >= dataset.num_classes
-    return ({"accuracy": accuracy} if scores else {}) | dict(metrics)
+    return dict(metrics) | ({"accuracy": accuracy} if scores and "accuracy" not in metrics else {})

@@ -8,6 +8,9 @@ from pydantic import Field, model_validator
 
 from taciturn.algorithms.base import StrictModel
 
+# What every report of a run with seeded noise says where it would give an epsilon.
+NOT_PRIVATE = "not private: reproducible noise"
+
 
 class PrivacyConfig(StrictModel):
     enabled: bool = Field(False, description="clip client updates and add Gaussian noise")
@@ -19,7 +22,9 @@ class PrivacyConfig(StrictModel):
         None, gt=0, description="z: noise std = z S (or set target_epsilon)"
     )
     target_epsilon: float | None = Field(
-        None, gt=0, description="solve z so that the run ends at this epsilon"
+        None,
+        gt=0,
+        description="solve z so that the run ends at this epsilon (local: one participation costs it)",
     )
     delta: float = Field(1e-5, gt=0, lt=1, description="the delta of (epsilon, delta)-DP")
     accountant: Literal["rdp", "pld"] = Field("rdp", description="Renyi DP or privacy loss distributions")
@@ -27,6 +32,11 @@ class PrivacyConfig(StrictModel):
         "poisson",
         description="poisson: each client joins a round with probability algorithm.fraction (the "
         "accountants' Poisson subsampling); fixed: exactly fraction N clients, without replacement",
+    )
+    reproducible_noise: bool = Field(
+        False,
+        description="research only: draw the noise from the run seed (which is public), so two runs "
+        "repeat bit for bit and anyone with the config can remove it: the run is labelled 'not private'",
     )
 
     @model_validator(mode="after")

@@ -7,8 +7,11 @@ clipped to norm S and weight w_k = 1, the server releases the fixed-denominator 
 (Alg. 1, "f~_f" with W = N, and sigma = z S / (q N) on the average). q N is the expected number of
 clients a round (exactly m with fixed-size sampling).
 Local (``LocalGaussian``): each client clips its own delta to S and adds N(0, z^2 S^2 I) before
-sending; the server averages what arrives. Noise comes from the run's streams: the server's
-(round, server, "server-chain") or the client's (round, client, "dp-local").
+sending; the server averages what arrives.
+Noise comes from the OS CSPRNG (privacy/noise.py): the run seed, which is public, cannot
+regenerate it. Only ``[privacy] reproducible_noise = true`` (research, labelled not private) takes
+it from the run's streams: the server's (round, server, "server-chain") or the client's
+(round, client, "dp-local").
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 
 from taciturn.core.message import Message
 from taciturn.core.rng import Streams
+from taciturn.privacy.noise import GaussianNoise
 from taciturn.server.clipping import clip_rows
 from taciturn.server.transform import Info, ServerTransform, State, Updates
 
@@ -24,15 +28,15 @@ from taciturn.server.transform import Info, ServerTransform, State, Updates
 class GaussianSum(ServerTransform):
     releases_without_input = True  # noise / (q N) even in a round that sampled nobody
 
-    def __init__(self, noise_multiplier: float, clip: float, expected_clients: float):
-        self.z, self.clip, self.expected = noise_multiplier, clip, expected_clients
+    def __init__(self, noise_multiplier: float, clip: float, expected_clients: float, noise: GaussianNoise):
+        self.z, self.clip, self.expected, self.noise = noise_multiplier, clip, expected_clients, noise
 
     def init(self, dim: int) -> State:
         return {}
 
     def update(self, updates: Updates, state: State, rng: torch.Generator) -> tuple[Updates, State, Info]:
         total = updates.rows.double().sum(0)
-        noise = torch.randn(total.shape, generator=rng, dtype=torch.float64) * (self.z * self.clip)
+        noise = self.noise.sample(total.numel(), self.z * self.clip, rng)
         row = ((total + noise) / self.expected).to(updates.rows.dtype)
         return Updates(row[None], updates.weights.sum()[None]), state, {"noise_std": self.z * self.clip}
 
@@ -40,17 +44,18 @@ class GaussianSum(ServerTransform):
 class LocalGaussian:
     """A client's own clip-and-noise on the arrays of its uplink that form its model delta."""
 
-    def __init__(self, noise_multiplier: float, clip: float, prefix: str, streams: Streams):
+    def __init__(
+        self, noise_multiplier: float, clip: float, prefix: str, streams: Streams, noise: GaussianNoise
+    ):
         self.z, self.clip, self.prefix, self.streams = noise_multiplier, clip, prefix, streams
+        self.noise = noise
 
     def apply(self, round: int, client: int, message: Message) -> Message:
         names = sorted(n for n in message.arrays if n.startswith(self.prefix))
         flat = torch.cat([torch.from_numpy(message.arrays[n]).reshape(-1).double() for n in names])
         clipped, _ = clip_rows(flat[None], self.clip)
-        rng = self.streams.torch(round, client, "dp-local")
-        noised = clipped[0] + torch.randn(flat.shape, generator=rng, dtype=torch.float64) * (
-            self.z * self.clip
-        )
+        seeded = self.streams.torch(round, client, "dp-local")  # used only by reproducible noise
+        noised = clipped[0] + self.noise.sample(flat.numel(), self.z * self.clip, seeded)
         arrays = dict(message.arrays)
         offset = 0
         for n in names:

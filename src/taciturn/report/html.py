@@ -88,7 +88,9 @@ def write_report(rundir: RunDir) -> Path:
     parts = [f"<h1>taciturn run: {html.escape(rundir.path.name)}</h1>"]
     if why := divergence(rows):
         parts.append(f'<p style="color:#b00;font-weight:bold">Warning: {html.escape(why)}</p>')
-    parts.append(table(["", "value"], [[k, v] for k, v in summary(rows, metric).items()]))
+    parts.append(
+        table(["", "value"], [[k, v] for k, v in summary(rows, metric).items()] + _run_facts(rundir))
+    )
     if note := _evaluated_on(rows[-1]):
         parts.append(f"<p>{html.escape(note)}</p>")
     parts += [
@@ -109,7 +111,7 @@ def write_report(rundir: RunDir) -> Path:
             f"{part['num_clients']} clients, {html.escape(part['kind'])} split. "
             f"Samples per client: min {sizes.min()}, median {int(np.median(sizes))}, max {sizes.max()}. "
             f"Classes per client: min {classes.min()}, median {int(np.median(classes))}, "
-            f"max {classes.max()}.</p>",
+            f"max {classes.max()}.{_held_out_note(part)}</p>",
             image(images["partition"]),
             _histogram_table(part),
         ]
@@ -137,13 +139,10 @@ def write_report(rundir: RunDir) -> Path:
             f"{_number(last['local_loss'])}. The global model above uses the server's initial "
             "statistics.</p>",
         ]
+    if "clients" in images:
+        parts += _client_section(rows, metric, images["clients"])
     if rows[-1].get("epsilon") is not None:
-        parts += [
-            "<h2>Privacy</h2>",
-            f"<p>Client-level differential privacy: epsilon = {rows[-1]['epsilon']:.4g} after round "
-            f"{rows[-1]['round']}, at the delta of <code>[privacy]</code> (dp-accounting; per round in "
-            "the metrics below).</p>",
-        ]
+        parts += ["<h2>Privacy</h2>", _privacy(rows[-1], rundir)]
     events = RunDir.read_jsonl(rundir.events)
     if events:
         parts += [
@@ -156,11 +155,104 @@ def write_report(rundir: RunDir) -> Path:
         ]
     parts += [
         "<h2>Metrics</h2>",
-        _metrics_table(rows),
+        _metrics_table(rows, metric),
         "<h2>Config</h2>",
         f"<pre>{html.escape(rundir.config.read_text())}</pre>",
     ]
     return page(rundir.report, f"taciturn: {rundir.path.name}", parts)
+
+
+def _privacy(last: dict, rundir: RunDir) -> str:
+    """The privacy paragraph: epsilon and what it means, or, with reproducible noise, that the run
+    is not private (its epsilon is what the mechanism would cost with secret noise)."""
+    try:
+        record = json.loads(rundir.info.read_text()).get("privacy") or {}
+    except (OSError, ValueError, AttributeError):
+        record = {}
+    if not isinstance(last["epsilon"], int | float):  # "not private: reproducible noise"
+        return (
+            f'<p style="color:#b00;font-weight:bold">{html.escape(str(last["epsilon"]))}. The noise came '
+            "from the run seed (<code>[privacy] reproducible_noise = true</code>), which anyone with the "
+            "config can regenerate and subtract: this run releases its clients' updates. Nominal "
+            f"epsilon {_number(last.get('nominal_epsilon'))} after round {last['round']} is what the "
+            "mechanism would cost with secret noise.</p>"
+        )
+    if record.get("mode") == "local":
+        return (
+            f"<p>Local differential privacy: each client's participation costs epsilon = "
+            f"{last['epsilon']:.4g} against the server, at the delta of <code>[privacy]</code> "
+            "(dp-accounting; a client that takes part k times spends k of them composed). Noise from "
+            "the OS CSPRNG.</p>"
+        )
+    return (
+        f"<p>Client-level differential privacy: epsilon = {last['epsilon']:.4g} after round "
+        f"{last['round']}, at the delta of <code>[privacy]</code> (dp-accounting; per round in "
+        "the metrics below). Noise from the OS CSPRNG.</p>"
+    )
+
+
+def _held_out_note(part: dict) -> str:
+    """partition.json's held-out sizes ([eval] clients), which the counts above leave out."""
+    held = part.get("held_out")
+    if not isinstance(held, list) or len(held) != len(part["sizes"]) or not all(type(n) is int for n in held):
+        return ""
+    return (
+        f" Besides these training samples, held out for client-side evaluation: {sum(held)} samples "
+        f"(per client min {min(held)}, median {int(np.median(held))}, max {max(held)})."
+    )
+
+
+def _client_section(rows: list[dict], metric: str, plot: Path) -> list[str]:
+    """[eval] clients: the global model on sampled clients' own held-out splits, the last evaluation's
+    distribution in numbers and every evaluation's in the plot."""
+    from taciturn.report.plots import client_rows
+
+    last = client_rows(rows, metric)[-1]
+    numbers = [
+        [label, _number(last[f"client_{metric}{part}"])]
+        for label, part in (
+            ("weighted by held-out size", ""),
+            ("mean over clients", "_mean"),
+            ("min", "_min"),
+            ("10th percentile", "_p10"),
+            ("median", "_p50"),
+            ("90th percentile", "_p90"),
+            ("max", "_max"),
+        )
+    ]
+    return [
+        "<h2>Each client's own held-out data</h2>",
+        f"<p>At every evaluation, a sample of clients scores the global model on its own held-out split "
+        f"(<code>[eval] clients</code>; those samples are never trained on). Round {_number(last['round'])}: "
+        f"{html.escape(_number(last.get('eval_clients')))} clients, "
+        f"{html.escape(_number(last.get('eval_samples')))} held-out samples, {html.escape(metric)}:</p>",
+        table(["", "value"], numbers),
+        image(plot),
+    ]
+
+
+def _run_facts(rundir: RunDir) -> list[list]:
+    """Where the run trained, whether it stopped early, and the best model it kept (run.json, best/)."""
+    facts: list[list] = []
+    try:
+        info = json.loads(rundir.info.read_text()) if rundir.info.exists() else {}
+        kept = rundir.path / "best" / "best.json"
+        best = json.loads(kept.read_text()) if kept.is_file() else None
+    except ValueError:
+        return facts
+    if isinstance(info, dict) and isinstance(info.get("device"), str):
+        facts.append(["device", info["device"]])
+    stopped = info.get("stopped") if isinstance(info, dict) else None
+    if isinstance(stopped, dict):
+        facts.append(["stopped early", f"after round {stopped.get('round')}: {stopped.get('reason')}"])
+    if isinstance(best, dict):
+        facts.append(
+            [
+                "best model kept (best/)",
+                f"{best.get('metric')} {_number(best.get('value'))} at round {best.get('round')}",
+            ]
+        )
+    return facts
 
 
 def _histogram_table(part: dict, max_clients: int = 100) -> str:
@@ -173,12 +265,24 @@ def _histogram_table(part: dict, max_clients: int = 100) -> str:
     return f"<details><summary>Per-client class histogram</summary>{table(header, rows)}{more}</details>"
 
 
-def _metrics_table(rows: list[dict]) -> str:
+STANDARD = {
+    "round", "loss", "bytes_up", "bytes_down", "messages_up", "messages_down", "delivered_up",
+    "delivered_down", "train_loss", "clients", "rejected", "failed", "skipped", "wall_s",
+}  # fmt: skip
+
+
+def _metrics_table(rows: list[dict], metric: str = "accuracy") -> str:
+    """Every evaluation: the leading metric first, then the other scores (your own metrics= too)."""
+    scores = [k for k, v in rows[-1].items() if k not in STANDARD and isinstance(v, int | float)]
+    scores = [k for k in scores if not k.startswith(("local_", "client_", "eval_")) and k != metric]
+    clients = [f"client_{metric}{part}" for part in ("", "_mean", "_p10")]  # the plot has the rest
     keys = [
         "round",
-        *[k for k in ("accuracy", "rougeL") if k in rows[-1]],
+        *([metric] if metric in rows[-1] and metric != "loss" else []),
+        *[k for k in scores if k not in ("epsilon", "clip_norm")],
         "loss",
         *[k for k in rows[-1] if k.startswith("local_")],
+        *[k for k in clients if k in rows[-1]],
         "bytes_up",
         "bytes_down",
         "messages_up",

@@ -96,6 +96,49 @@ def partition_histogram(partition: dict, path: Path) -> Path:
     return save(fig, path)
 
 
+def client_rows(rows: list[dict], metric: str) -> list[dict]:
+    """The rows with a client-side evaluation of ``metric`` ([eval] clients): its distribution's
+    numbers, and the per-client values that are numbers."""
+    keys = [f"client_{metric}{part}" for part in ("", "_mean", "_min", "_p10", "_p50", "_p90", "_max")]
+    return [
+        row
+        for row in rows
+        if all(isinstance(row.get(k), int | float) and not isinstance(row.get(k), bool) for k in keys)
+    ]
+
+
+def client_distribution(rows: list[dict], metric: str, path: Path) -> Path:
+    """The global model on each evaluated client's own held-out split, per round: every client's
+    value (dots), the 10th-90th percentile band, the median, the weighted and unweighted means."""
+    rows = client_rows(rows, metric)
+    rounds = np.array([r["round"] for r in rows])
+    fig, ax = plt.subplots(figsize=(10, 3.8))
+    values = [
+        (r["round"], v)
+        for r in rows
+        if isinstance(r.get(f"client_{metric}_by_client"), dict)
+        for v in r[f"client_{metric}_by_client"].values()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    ]
+    if values:
+        x, y = np.array(values, dtype=float).T
+        ax.scatter(x, y, s=6, color="0.6", alpha=0.5, label="one client", zorder=1)
+    parts = ("", "_mean", "_p10", "_p50", "_p90")
+    column = {part: [r[f"client_{metric}{part}"] for r in rows] for part in parts}
+    ax.fill_between(rounds, column["_p10"], column["_p90"], color="tab:blue", alpha=0.2, label="p10 to p90")
+    ax.plot(rounds, column["_p50"], color="tab:blue", label="median client")
+    ax.plot(rounds, column[""], color="black", label="weighted by held-out size")
+    ax.plot(rounds, column["_mean"], color="black", linestyle="--", label="mean over clients")
+    ax.set(
+        xlabel="round",
+        ylabel=f"{metric} on the client's held-out data",
+        title=f"The global model's {metric} on each evaluated client's own held-out split",
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", loc="best")
+    return save(fig, path)
+
+
 def run_plots(rundir: RunDir) -> dict[str, Path]:
     metric = rundir.primary_metric()
     rows = rundir.numeric_metrics(metric_keys(metric))
@@ -109,4 +152,6 @@ def run_plots(rundir: RunDir) -> dict[str, Path]:
         plots["partition"] = partition_histogram(rundir.read_partition(), rundir.plots / "partition.png")
     if has_analysis(rows):
         plots |= analysis_plots(rows, rundir.plots)
+    if client_rows(rows, metric):
+        plots["clients"] = client_distribution(rows, metric, rundir.plots / "client_distribution.png")
     return plots

@@ -51,7 +51,14 @@ OWNED_FILES = (
     "mdp.safetensors",
     "client_state.bin",
     "client_state.layout.json",
+    "mlflow.db",  # [tracking] mlflow's default store
 )
+# Folders of files taciturn writes (by name pattern): the best model ([checkpoint] best), TensorBoard's
+# event files ([tracking]); MLflow's store keeps every run, so an overwritten run adds one there.
+OWNED_FOLDERS = {
+    "best": ("model.safetensors", "best.json", "manifest.json"),
+    "tensorboard": ("events.out.tfevents.*",),
+}
 CHECKPOINT = re.compile(r"round_(\d{6})")
 TEMPORARY = re.compile(r"round_\d{6}\.tmp")
 
@@ -219,6 +226,13 @@ class RunDir:
             for png in self.plots.glob("*.png"):
                 png.unlink()
             _remove_if_empty(self.plots)
+        for folder, written in OWNED_FOLDERS.items():  # the best model, the trackers' files
+            if (self.path / folder).is_dir() and not (self.path / folder).is_symlink():
+                for pattern in written:
+                    for path in (self.path / folder).glob(pattern):
+                        if path.is_file() and not path.is_symlink():
+                            path.unlink()
+                _remove_if_empty(self.path / folder)
         _write_synced(self.config, config_toml)
 
     def primary_metric(self) -> str:

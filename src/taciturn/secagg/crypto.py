@@ -7,9 +7,15 @@
 * authenticated encryption of the shares: AES-256-GCM with a fresh 12-byte nonce;
 * t-out-of-n secret sharing: Shamir over GF(2^128) from ``pycryptodome`` (two 16-byte chunks for
   a 32-byte secret; shares indexed 1..n).
+
+Every secret (key pairs, self-mask seeds, nonces) comes from the operating system's CSPRNG
+(``os.urandom``; ``X25519PrivateKey.generate`` reads it too), never from the run's seeded streams:
+the seed is public, and keys derived from it would let anyone unmask every update.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 from Crypto.Protocol.SecretSharing import Shamir
@@ -26,7 +32,18 @@ SHARE_BYTES = 2 * 16  # a 32-byte secret shared as two 16-byte chunks
 
 
 def private_key(secret: bytes) -> X25519PrivateKey:
+    """The key whose 32 private bytes are ``secret`` (a key rebuilt from its Shamir shares)."""
     return X25519PrivateKey.from_private_bytes(secret)
+
+
+def fresh_key() -> X25519PrivateKey:
+    """A new key pair from the OS CSPRNG."""
+    return X25519PrivateKey.generate()
+
+
+def fresh_secret(size: int = KEY_BYTES) -> bytes:
+    """``size`` bytes from the OS CSPRNG: a self-mask seed or a nonce."""
+    return os.urandom(size)
 
 
 def public_bytes(key: X25519PrivateKey) -> bytes:

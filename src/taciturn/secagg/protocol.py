@@ -17,8 +17,16 @@ SecAgg+ (Bell, Bonawitz, Gascon, Lepoint, Raykova, CCS 2020, Sec. 3) replaces th
 by a sparse one: a Harary graph H(n, k) on a random relabelling of the clients (their Alg. 2),
 k neighbours each, so keys, shares and masks grow with log n instead of n.
 
-Simulation: key material comes from the run's streams (round, client, "secagg"), so a run
-repeats exactly; a deployment would draw it from the OS.
+Secrets: key pairs, self-mask seeds and nonces come from the OS CSPRNG (crypto.py), never from
+the run seed, which is public. The run still repeats exactly: the unmasked sum does not depend on
+the keys, and what may vary (who drops, the SecAgg+ graph) comes from the seeded streams, since
+a simulated dropout or a public graph is no secret.
+
+Dropouts (Bonawitz et al. 2017, Sec. 4: any client may drop at any point): every message crosses
+the channel on its own, so any stage can lose any client. A client the server no longer hears
+from is dropped from then on; the sum is unmasked from the survivors' shares, or, when too few
+shares arrive to rebuild a secret, or fewer than two masked inputs (the sum of one input is that
+input), the round fails with ``SecAggFailed`` and the pipeline skips its update.
 """
 
 from __future__ import annotations
@@ -80,10 +88,7 @@ class SecureSum:
         dim = len(next(iter(inputs.values())))
         k = self.config.neighbours if self.config.graph == "sparse" else len(clients) - 1
         graph = harary(clients, k, self.streams.numpy(round, SERVER, "secagg-graph"))
-        keys = {}
-        for u in clients:
-            material = self.streams.numpy(round, u, "secagg").bytes(64)
-            keys[u] = (crypto.private_key(material[:32]), crypto.private_key(material[32:]))
+        keys = {u: (crypto.fresh_key(), crypto.fresh_key()) for u in clients}  # (c_u, s_u)
         # 0. AdvertiseKeys
         public: dict[int, tuple[bytes, bytes]] = {}
         for u in clients:
@@ -107,8 +112,7 @@ class SecureSum:
         # 1. ShareKeys
         thresholds, seeds, outbox = {}, {}, {}
         for u, peers in u1.items():
-            rng = self.streams.numpy(round, u, "secagg-shares")
-            seeds[u] = rng.bytes(32)
+            seeds[u] = crypto.fresh_secret()
             t = thresholds[u] = int(self.config.threshold * len(peers)) + 1
             if len(peers) < max(t, 1):
                 continue
@@ -122,7 +126,7 @@ class SecureSum:
                     + b_shares[index]
                 )
                 key = crypto.agree(keys[u][0], public[v][0], b"encrypt")
-                rows.append(crypto.encrypt(key, rng.bytes(crypto.NONCE_BYTES), plain))
+                rows.append(crypto.encrypt(key, crypto.fresh_secret(crypto.NONCE_BYTES), plain))
             got = self._send(
                 Direction.UP, round, u, Message({"to": _ids(peers), "ct": _bytes(rows)}, {"secagg": "shares"})
             )
@@ -158,6 +162,10 @@ class SecureSum:
                 got := self._send(Direction.UP, round, u, Message({"y": y}, {"secagg": "masked"}))
             ) is not None:
                 masked[u] = got.arrays["y"]
+        if len(masked) < 2:  # abort before any share is asked for (Fig. 4: the server needs enough inputs)
+            raise SecAggFailed(
+                f"{len(masked)} masked input(s) arrived; the sum of fewer than two inputs would reveal them"
+            )
         # 3. Unmasking
         b_shares: dict[int, dict[int, bytes]] = {u: {} for u in masked}
         s_shares: dict[int, dict[int, bytes]] = {}
@@ -169,6 +177,10 @@ class SecureSum:
             if got is None:
                 continue
             alive_ids, dropped_ids = got.arrays["alive"].tolist(), got.arrays["dropped"].tolist()
+            # Fig. 4, Unmasking: a client answers only a request about its own neighbours, none of
+            # them both alive and dropped (both shares of one client would unmask its input).
+            if set(alive_ids) & set(dropped_ids) or not set(alive_ids) | set(dropped_ids) <= set(held[v]):
+                continue
             reply = Message(
                 {
                     "b_from": _ids(alive_ids),
@@ -189,8 +201,8 @@ class SecureSum:
             total -= crypto.prg(self._rebuild(b_shares[u], thresholds[u], u), dim)
         for v, shares in s_shares.items():
             s_v = crypto.private_key(self._rebuild(shares, thresholds[v], v))
-            for u in u2[v]:
-                if u in masked:
+            for u in masked:
+                if v in u2[u]:  # u masked with v (v may have dropped before it masked, or before u2)
                     pad = crypto.prg(crypto.agree(s_v, public[u][1], b"mask"), dim)
                     total = total - pad if u < v else total + pad  # undo what u added for v
         return sorted(masked), total

@@ -1,11 +1,17 @@
-"""The server chain applied to a round's arrivals, for algorithms whose uplink carries a model delta.
+"""The server chain applied to a round's arrivals, for algorithms whose uplink is one vector per
+client the chain may combine.
 
-The algorithm names the arrays that form the delta (``Algorithm.delta_prefix``: FedAvg and
-FedProx all of them, SCAFFOLD ``dy/``). Each arrival's delta is flattened into a row; the chain
-(clip -> aggregate -> noise) reduces the rows to one; the result goes back to the algorithm as a
-single arrival carrying that delta, weight the total weight, and every other array (SCAFFOLD's
-dc) as the weighted mean of the arrivals'. So the algorithm's own ``accumulate``/``aggregate``
-apply it unchanged: for FedAvg the mean delta becomes exactly the chain's output.
+The algorithm names the arrays the chain combines (``Algorithm.delta_prefix``), and they must
+include every per-client secret it sends (``Algorithm.covers_secrets``: SCAFFOLD's control-variate
+update dc with its model delta dy, so DP clips and noises (dy, dc) as one vector, and a robust rule
+sees both). Each arrival's arrays are flattened into a row; the chain (clip -> aggregate -> noise)
+reduces the rows to one; the result goes back to the algorithm as a single *standing* arrival:
+its arrays are the chain's estimate of the round's mean update, ``num_samples`` the total weight
+and ``clients`` the number of clients it stands for. So the algorithm's own
+``accumulate``/``aggregate`` apply it unchanged: for FedAvg the mean delta becomes exactly the
+chain's output; SCAFFOLD adds (sum_S p_i) x mean dc to its control. Under DP the estimate has the
+fixed denominator q N (McMahan et al. 2018), and the standing arrival stands for the expected
+q N clients and q of the population's weight: nothing about who was sampled reaches the state.
 
 Rules that need every update (all but the plain mean) make the executors send per-client
 updates to the server instead of per-worker partial sums (engine/pipeline.py ``per_client``).
@@ -58,17 +64,20 @@ def build_chain(config: AggregationConfig, extra: Sequence[ServerTransform] = ()
 
 
 class ServerAggregation:
-    """The chain and its state (checkpointed with the run through ``state``)."""
+    """The chain and its state (checkpointed with the run through ``state``). ``expected``: under
+    DP, the expected number of clients a round (q N) that the fixed-denominator release stands for."""
 
-    def __init__(self, chain: Chain, algorithm: Algorithm, streams: Streams):
-        if algorithm.delta_prefix is None:
+    def __init__(self, chain: Chain, algorithm: Algorithm, streams: Streams, expected: float | None = None):
+        if not algorithm.covers_secrets():
             raise ValueError(
-                f"{algorithm.name}'s uplink is not a model delta: robust aggregation, server clipping and "
-                "DP apply to fedavg, fedprox and scaffold"
+                f"{algorithm.name} sends arrays the server chain cannot combine: robust aggregation, "
+                "server clipping and DP apply to fedavg, fedprox and scaffold"
             )
         self.chain = chain
+        self.algorithm = algorithm
         self.prefix = algorithm.delta_prefix
         self.streams = streams
+        self.expected = expected
         self.state: State | None = None
 
     def checkpoint_extras(self) -> dict[str, ChainState]:
@@ -82,13 +91,16 @@ class ServerAggregation:
     ) -> tuple[list[Arrival], State | None, Info]:
         """The one arrival standing for the round's updates, the chain's new state and its info.
         A round without updates releases nothing, unless the chain must release every round (DP
-        noise: McMahan et al. 2018, Alg. 1 adds it whoever was sampled)."""
+        noise: McMahan et al. 2018, Alg. 1 adds it whoever was sampled). Raises
+        ``OutsideGuarantee`` when a rule cannot keep its guarantee for this round's updates."""
         if not arrivals and not self.chain.releases_without_input:
             return [], self.state, {}
+        names = sorted(spec)
+        if uncovered := [n for n in names if not n.startswith(self.prefix)]:
+            raise ValueError(f"{self.algorithm.name}'s arrays {uncovered} are outside the server chain")
         # In client order, whatever the executor: rules that break ties by position (Krum's two
         # mutual nearest neighbours score alike) then pick the same update.
         arrivals = sorted(arrivals, key=lambda a: a.client)
-        names = sorted(n for n in spec if n.startswith(self.prefix))
         size = sum(int(np.prod(spec[n].shape)) for n in names)
         flat = [
             torch.cat([torch.from_numpy(a.message.arrays[n]).reshape(-1) for n in names]) for a in arrivals
@@ -99,23 +111,18 @@ class ServerAggregation:
         out, state, info = self.chain.update(
             Updates(rows, weights), state, self.streams.torch(round, SERVER, "server-chain")
         )
-        return [self._arrival(arrivals, spec, names, out.rows[0], weights)], state, info
+        return [self._standing(spec, names, out.rows[0], weights)], state, info
 
-    def _arrival(self, arrivals, spec, names, row: torch.Tensor, weights: torch.Tensor) -> Arrival:
+    def _standing(self, spec, names, row: torch.Tensor, weights: torch.Tensor) -> Arrival:
         arrays: dict[str, np.ndarray] = {}
         offset = 0
         for n in names:
             size = int(np.prod(spec[n].shape))
             arrays[n] = row[offset : offset + size].reshape(spec[n].shape).numpy().astype(spec[n].dtype)
             offset += size
-        w = (weights / weights.sum()).numpy() if arrivals else None
-        for n in spec:
-            if n.startswith(self.prefix):
-                continue
-            if w is None:  # a bare release (DP noise in a round nobody sent in): no mean to take
-                arrays[n] = np.zeros(spec[n].shape, spec[n].dtype)
-            else:  # the weighted mean
-                stacked = np.stack([a.message.arrays[n].astype(np.float64) for a in arrivals])
-                arrays[n] = np.tensordot(w, stacked, axes=1).astype(spec[n].dtype)
-        total = sum(int(a.message.meta["num_samples"]) for a in arrivals) or 1  # weight 1 for a bare release
-        return Arrival(SERVER, Message(arrays, {"num_samples": total}))
+        if self.expected is not None:  # DP: the expectation, whoever was sampled
+            share = self.expected / self.algorithm.num_clients
+            meta = {"num_samples": share * self.algorithm.total_weight, "clients": self.expected}
+        else:
+            meta = {"num_samples": float(weights.sum()), "clients": len(weights)}
+        return Arrival(SERVER, Message(arrays, meta))

@@ -31,6 +31,28 @@ class AggregationConfig(StrictModel):
             raise ValueError("aggregation.adaptive adapts clip_norm: set aggregation.clip_norm (its start)")
         return self
 
+    def problem(self, per_round: int) -> str | None:
+        """Why the rule cannot keep its guarantee in rounds of ``per_round`` updates, or None
+        (checked before work; a round that shrinks below it is skipped, server/krum.py)."""
+        f = self.byzantine
+        if self.kind in ("krum", "multi_krum") and per_round <= 2 * f + 2:
+            return (
+                f"aggregation.kind = '{self.kind}' tolerates byzantine = {f} attackers only among more "
+                f"than 2f + 2 = {2 * f + 2} updates a round (Blanchard et al. 2017, Prop. 1), and a round "
+                f"has {per_round}: sample more clients or lower aggregation.byzantine"
+            )
+        if self.kind == "multi_krum" and self.select is not None and self.select > per_round - f:
+            return (
+                f"aggregation.select = {self.select} averages more than the n - f = {per_round - f} "
+                "updates that are surely honest in a round; use at most that"
+            )
+        if self.kind == "trimmed_mean" and self.trim > 0 and per_round < 3:
+            return (
+                f"aggregation.trim = {self.trim} removes at least one update at each end, which needs "
+                f"3 or more updates a round, and a round has {per_round}"
+            )
+        return None
+
     @property
     def per_client(self) -> bool:
         """Whether the server needs every client's update (not just the algorithm's partial sums)."""

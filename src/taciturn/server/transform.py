@@ -21,6 +21,12 @@ State = dict[str, torch.Tensor]
 Info = dict[str, float]
 
 
+class OutsideGuarantee(Exception):
+    """A rule asked to combine a round's updates outside the conditions its guarantee needs (too few
+    updates for the attackers it must tolerate): the round is skipped, with this reason, rather than
+    aggregated with a rule that no longer protects it (engine/federation.py)."""
+
+
 @dataclass(frozen=True)
 class Updates:
     rows: torch.Tensor  # (m, d): one flattened update per client (one row once aggregated)

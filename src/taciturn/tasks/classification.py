@@ -41,6 +41,7 @@ class ClassificationTask:
         self.model = model
         self.reinit = reinit
         self.buffers = federated_buffers(model)
+        self.random_layers = random_layers(model)
         self._forward = sequential_forward(model)  # None: fall back to functional_call
         self.mlp = mlp_layers(model)  # (weight, bias) names if the model is a plain ReLU MLP
         self.x_test, self.y_test, self.eval_batch_size = x_test, y_test, eval_batch_size
@@ -108,3 +109,9 @@ def federated_buffers(model: nn.Module) -> frozenset[str]:
                 "a batch count, which has no federated meaning; give it a momentum (PyTorch's is 0.1)"
             )
     return frozenset(name for name, b in model.named_buffers() if b.is_floating_point())
+
+
+def random_layers(model: nn.Module) -> bool:
+    """Whether training draws random numbers in the model's layers (dropout with p > 0), which
+    local training seeds per (round, client) and vmap cannot draw per client."""
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())

@@ -1,14 +1,20 @@
 """Hugging Face models through taciturn's tasks (the ``hf`` extra), offline.
 
-A sequence classifier (``AutoModelForSequenceClassification``) is wrapped so that it reads a batch
-of token ids like any model reads a tensor: ``forward(ids) = model(ids, attention_mask=ids != pad).logits``;
-the classification task then federates it unchanged. The wrapper adds the prefix ``model.`` to
-the names, which export removes (``WRAPPED``), so a state_dict loads into the Hugging Face class.
+A Hugging Face model does not read a tensor and return one as taciturn's tasks expect: it takes
+``input_ids`` and an ``attention_mask`` and returns a ``ModelOutput`` whose ``logits`` are the
+scores. So it is wrapped (``TokenModel``) to read a batch of token ids like any model reads a
+tensor: ``forward(ids) = model(input_ids=ids, attention_mask=ids != pad).logits``; the task then
+federates it unchanged. That holds for a sequence classifier loaded from ``model.name_or_path``
+(``model.kind = "hf"``, its tokenizer's padding token) and for any Hugging Face model given as an
+object (``taciturn.run(model=...)``, a ``model.factory``; the padding token of its config). The
+wrapper adds the prefix ``model.`` to the names, which export removes (``WRAPPED``), so a
+state_dict loads into the Hugging Face class.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 from torch import nn
@@ -47,24 +53,43 @@ def load_tokenizer(name_or_path: str):
     return _load(_transformers().AutoTokenizer, name_or_path, "tokenizer")
 
 
-class SequenceClassifier(nn.Module):
-    """Token ids in, class scores out; padding masked."""
+class TokenModel(nn.Module):
+    """Token ids in, the Hugging Face model's logits out (class scores, or next-token scores of a
+    causal LM); padding masked (no mask when the model has no padding token: every token counts)."""
 
-    def __init__(self, model: nn.Module, pad_token_id: int):
+    def __init__(self, model: nn.Module, pad_token_id: int | None):
         super().__init__()
         self.model = model
         self.pad_token_id = pad_token_id
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=ids, attention_mask=(ids != self.pad_token_id).long()).logits
+        mask = None if self.pad_token_id is None else (ids != self.pad_token_id).long()
+        outputs = self.model(input_ids=ids, attention_mask=mask)
+        if getattr(outputs, "logits", None) is None:
+            raise TypeError(
+                f"{type(self.model).__name__} returns {type(outputs).__name__} without logits: federate a "
+                "model with a head (AutoModelForSequenceClassification, AutoModelForCausalLM, ...)"
+            )
+        return outputs.logits
 
 
-def sequence_classifier(name_or_path: str) -> SequenceClassifier:
+def is_hf_model(model: object) -> bool:
+    """Whether ``model`` is a Hugging Face ``PreTrainedModel`` (transformers is imported if it is)."""
+    transformers = sys.modules.get("transformers")
+    return transformers is not None and isinstance(model, transformers.PreTrainedModel)
+
+
+def token_model(model: nn.Module) -> TokenModel:
+    """A Hugging Face model given as an object, masking its config's padding token."""
+    return TokenModel(model, getattr(model.config, "pad_token_id", None))
+
+
+def sequence_classifier(name_or_path: str) -> TokenModel:
     transformers = _transformers()
     model = _load(transformers.AutoModelForSequenceClassification, name_or_path, "model")
     tokenizer = load_tokenizer(name_or_path)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model.config.pad_token_id
-    return SequenceClassifier(model, 0 if pad is None else pad)
+    return TokenModel(model, 0 if pad is None else pad)
 
 
 def causal_lm(path: str):
