@@ -135,6 +135,13 @@ def test_bad_per_client_data_fails_before_work_and_says_why(tmp_path):
         start(config(tmp_path / "pickled.npz"), tmp_path / "run4", progress=False)
 
 
+def test_client_side_evaluation_is_refused_with_per_client_data(tmp_path):
+    """[eval] clients carves held-out splits out of a partition; per-client data has its own, and its
+    eval_clients/eval_samples columns would be written twice."""
+    with pytest.raises(ConfigError, match=r"eval\.clients at 0"):
+        config(write_sites(tmp_path / "sites"), eval={"every": 1, "clients": 0.5})
+
+
 def test_a_schema_travels_as_integers():
     schema = Schema((1, 28, 28), 10, ())
     assert Schema.from_fields(schema.fields()) == schema

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("flwr")
 
-from taciturn.core.codec import CodecError
+from taciturn.core.codec import CodecError, decode
 from taciturn.core.ledger import PAYLOAD
 from taciturn.core.rng import SERVER, Streams
 from taciturn.deploy import protocol
@@ -19,7 +19,7 @@ from taciturn.deploy.inprocess import InProcessGrid, ServerStopped
 from taciturn.deploy.node_state import NodeStateStore
 from taciturn.deploy.server_app import run_deployed
 from taciturn.deploy.settings import DeployError, NodeSettings, ServerSettings, run_folder
-from taciturn.experiments.config import to_toml
+from taciturn.experiments.config import ConfigError, to_toml
 from taciturn.experiments.runner import resume, start
 from taciturn.report.rundir import RunDir, RunDirError
 from tests.conftest import tiny_config
@@ -527,6 +527,69 @@ def test_a_silo_deployment_equals_its_simulation_and_the_server_reads_no_data(tm
     assert carried == {1: (0, 1), 2: (2,), 3: (3,)}
     population = protocol.read_request(trains[0].content).population
     assert population == (4, 9 + 20 + 14 + 31, 9 + 20 + 14 + 31, 3)  # clients, samples, weights, classes
+
+
+def test_local_training_state_buffers_best_model_and_early_stop_deploy_as_simulated(tmp_path):
+    """Issue 44's local training on a silo deployment: Adam whose state each client keeps between
+    rounds (on its node, staged until the server accepts), a BatchNorm model whose statistics are
+    averaged, the best model kept and early stopping, all as the simulation of the same files."""
+    files = silo_files(tmp_path / "all")
+    shape = {"features": 6, "classes": 3}
+    bn_mlp = {"kind": "factory", "factory": "tests.test_buffers:bn_mlp", "kwargs": shape}
+    local = {"optimizer": "adam", "lr": 0.02, "optimizer_state": "keep", "steps": 2, "batch_size": 8}
+    overrides = {
+        "rounds": 6,
+        "algorithm__fraction": 0.5,
+        "algorithm__local": local,
+        "model": bn_mlp,
+        "checkpoint": {"every": 2, "best": "accuracy"},
+        "stop": {"metric": "loss", "patience": 2, "min_delta": 0.1},
+    }
+    simulated = start(silo_config(tmp_path / "all", "fedavg", **overrides), tmp_path / "sim", progress=False)
+    hosts, node_data = silo_nodes(tmp_path, files)
+    config = silo_config(tmp_path / "absent-on-the-server", "fedavg", **overrides)
+    grid = InProcessGrid(config, hosts, tmp_path / "nodes", node_data=node_data)
+    deployed = run_deployed(grid, ServerSettings(config, tmp_path / "deployed", False, 5.0))
+    assert rows(deployed) == rows(simulated)
+    stopped = json.loads(simulated.info.read_text())["stopped"]
+    assert stopped["round"] < 6 and json.loads(deployed.info.read_text())["stopped"] == stopped
+    best = [json.loads((run.path / "best" / "best.json").read_text()) for run in (deployed, simulated)]
+    assert best[0] == best[1] and best[0]["value"] == max(r["accuracy"] for r in rows(simulated))
+    # the optimizer's moments are client state on the nodes: a client picked twice resumed from them
+    kept = list((tmp_path / "nodes").rglob("client-*.round-*.safetensors"))
+    assert any(key.startswith("optimizer/") for f in kept for key in decode(f.read_bytes()).tensors())
+
+
+class UntouchedGrid:
+    """A Grid that fails any use: what is refused from the config never reaches the nodes."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the grid was used ({name}) before the config was refused")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "refusal"),
+    [
+        ({"compression": {"up": ["fp16"]}}, r"\[compression\].*simulation only"),
+        (
+            {"model": {"kind": "factory", "factory": "tests.test_buffers:bn_mlp", "buffers": "local"}},
+            r"\[model.buffers\] 'local' is not supported by deployed runs",
+        ),
+        (
+            {"secagg": {"enabled": True}},
+            r"\[secagg\] with per-client data and no data.test: federated evaluation",
+        ),
+    ],
+)
+def test_what_a_deployment_cannot_do_is_refused_before_the_nodes_are_asked(tmp_path, overrides, refusal):
+    config = silo_config(tmp_path / "absent", "fedavg", **overrides)
+    with pytest.raises(ConfigError, match=refusal):
+        run_deployed(UntouchedGrid(), ServerSettings(config, tmp_path / "run", False, 5.0))
+    assert not (tmp_path / "run").exists()
+    # a partitioned run's client-side evaluation, too (per-client data refuses it in any run)
+    config = tiny_config(eval={"every": 1, "clients": 0.5})
+    with pytest.raises(ConfigError, match=r"\[eval.clients\] deployed runs keep each client's data"):
+        run_deployed(UntouchedGrid(), ServerSettings(config, tmp_path / "run", False, 5.0))
 
 
 def test_the_census_stops_a_silo_run_before_round_1_and_names_each_problem(tmp_path, monkeypatch):

@@ -592,6 +592,13 @@ class RunConfig(StrictModel):
                 "eval.clients: client-side evaluation scores class labels and your metrics, not the "
                 "language-model task's generations; leave it at 0 with model.kind = 'causal_lm'"
             )
+        if self.eval.clients and self.data.dataset == "clients":
+            raise ValueError(
+                "eval.clients carves a held-out split out of each partition's training data; "
+                "data.dataset = 'clients' brings each client's own held-out split, on which the run "
+                "already evaluates when there is no data.test (federated evaluation): leave "
+                "eval.clients at 0"
+            )
         if self.eval.clients and (self.privacy.enabled or self.secagg.enabled):
             table = "[privacy]" if self.privacy.enabled else "[secagg]"
             raise ValueError(

@@ -40,7 +40,13 @@ from taciturn.experiments.best import BestModel, EarlyStop, check_columns
 from taciturn.experiments.client_eval import ClientEvaluation
 from taciturn.experiments.clients import ClientsSetup, on_server, simulated
 from taciturn.experiments.config import ConfigError, RunConfig, load_config, to_toml
-from taciturn.experiments.engine_setup import DEPLOYED, ExecutorFactory, build_federation, start_ray
+from taciturn.experiments.engine_setup import (
+    DEPLOYED,
+    ExecutorFactory,
+    build_federation,
+    refuse_undeployable,
+    start_ray,
+)
 from taciturn.experiments.export import model_record
 from taciturn.experiments.local_eval import local_scores
 from taciturn.experiments.progress import RoundProgress
@@ -257,7 +263,7 @@ def _dataset(config: RunConfig, streams: Streams, objects: UserObjects) -> Array
         raise ConfigError(f"[data] {error}") from None
 
 
-def use_buffers(config: RunConfig, algorithm: Algorithm, task: Task, deployed: bool) -> None:
+def use_buffers(config: RunConfig, algorithm: Algorithm, task: Task) -> None:
     """Tell the algorithm the model's buffers (BatchNorm statistics): averaged (``model.buffers =
     "federated"``) or kept by each client in its client state (``"local"``: FedBN, Li et al., ICLR
     2021); refuse what cannot federate them, before any work."""
@@ -275,8 +281,6 @@ def use_buffers(config: RunConfig, algorithm: Algorithm, task: Task, deployed: b
         )
     if config.analysis.enabled:
         raise ConfigError("[analysis] does not handle models with buffers (BatchNorm statistics) yet")
-    if local and deployed:
-        raise ConfigError("[model.buffers] 'local' is not supported by deployed runs yet; use 'federated'")
     algorithm.use_buffers(buffers, local)
 
 
@@ -305,6 +309,8 @@ def _prepare(
     ray_workers: RayWorkers | None,
 ) -> Experiment:
     streams = Streams(config.seed)
+    if remote is not None:
+        refuse_undeployable(config)  # before the nodes are asked for anything
     # a deployed server of per-client data learns the clients' sizes and shapes from the nodes
     clients = on_server(config, remote) if remote is not None and config.data.dataset == "clients" else None
     task, data = build_task(config, streams, objects, clients)
@@ -314,8 +320,8 @@ def _prepare(
         data = flip_labels(data, pick_attackers(config.attack.fraction, data.num_clients, streams))
     algorithm = build_algorithm(config.algorithm)
     accountant = build_accountant(config, data.num_clients) if config.privacy.enabled else None
-    use_buffers(config, algorithm, task, remote is not None)
-    client_eval = _client_evaluation(config, task, data, streams, remote is not None)
+    use_buffers(config, algorithm, task)
+    client_eval = _client_evaluation(config, task, data, streams)
     if (missing := check_installed(config.tracking)) is not None:
         raise ConfigError(missing)
     ledger = ledger or Ledger()
@@ -356,17 +362,13 @@ def _prepare(
 
 
 def _client_evaluation(
-    config: RunConfig, task: Task, data: ClientData, streams: Streams, deployed: bool
+    config: RunConfig, task: Task, data: ClientData, streams: Streams
 ) -> ClientEvaluation | None:
     """[eval] clients: the global model on sampled clients' own held-out splits (in this process, so
-    with every simulated executor); deployed runs' data stays on the nodes, so they refuse it."""
+    with every simulated executor); deployed runs' data stays on the nodes, so they refuse it
+    (engine_setup.refuse_undeployable)."""
     if not config.eval.clients:
         return None
-    if deployed:
-        raise ConfigError(
-            "[eval.clients] deployed runs keep each client's data on its node; client-side evaluation "
-            "runs in simulation only for now (leave eval.clients at 0)"
-        )
     assert isinstance(data, FederatedData) and isinstance(task, ClassificationTask)
     try:
         return ClientEvaluation(config.eval.clients, task, data, streams)
