@@ -15,10 +15,12 @@ from taciturn.core.codec import CodecError, decode
 from taciturn.core.ledger import PAYLOAD
 from taciturn.core.rng import SERVER, Streams
 from taciturn.deploy import protocol
+from taciturn.deploy.grid_executor import _reasons
 from taciturn.deploy.inprocess import InProcessGrid, ServerStopped
 from taciturn.deploy.node_state import NodeStateStore
 from taciturn.deploy.server_app import run_deployed
 from taciturn.deploy.settings import DeployError, NodeSettings, ServerSettings, run_folder
+from taciturn.engine.pipeline import RoundPart
 from taciturn.experiments.config import ConfigError, to_toml
 from taciturn.experiments.runner import resume, start
 from taciturn.report.rundir import RunDir, RunDirError
@@ -660,6 +662,28 @@ def test_warnings_name_a_node_by_its_own_id_not_the_superlinks(tmp_path, caplog)
     run_deployed(grid, ServerSettings(config, tmp_path / "run", False, 5.0))
     assert "round 2: node 3: it left the SuperLink; its clients [6, 7] are dropped" in caplog.text
     assert "node 1: it left" not in caplog.text
+
+
+def test_a_private_deployment_names_no_picked_client_in_its_log(tmp_path, caplog):
+    """[privacy]: who was picked is what sampling hides, so the warnings count the dropped clients
+    (as the simulated pipeline's log does) and the events name none."""
+    config = tiny_config(
+        rounds=2,
+        algorithm=ALGORITHMS["fedavg"] | {"fraction": 1.0},
+        privacy={"enabled": True, "noise_multiplier": 1.0, "clip": 1.0},
+    )
+    grid = InProcessGrid(config, HOSTS, tmp_path / "nodes", unavailable={3: 2})
+    rundir = run_deployed(grid, ServerSettings(config, tmp_path / "run", False, 5.0))
+    assert "round 2: node 3: it left the SuperLink; its 2 picked clients are dropped" in caplog.text
+    dropped = [line for line in rundir.log.read_text().splitlines() if "dropped" in line]
+    assert dropped and not any("[6, 7]" in line for line in dropped)  # the hosts, said at discovery only
+    part = RoundPart(accumulated=None, failed=[(3, "it raised")])  # the floor's reasons, too
+    assert (
+        _reasons(part, [6, 7], private=True)
+        == "2 picked clients on no node; 1 failed, e.g. a client: it raised"
+    )
+    assert _reasons(part, [6, 7]) == "clients [6, 7] on no node; 1 failed, e.g. client 3: it raised"
+    assert rundir.read_metrics()[-1]["train_loss"] is None  # no client statistic left its node
 
 
 def test_the_docs_example_config_is_valid_and_checkpoints_before_round_10():

@@ -164,14 +164,14 @@ class GridExecutor(Executor):
         hosts = self.nodes.hosts
         missing = [c for c in clients if c not in hosts]
         if missing:
-            log.warning("round %d: no node hosts clients %s; they are dropped", round, missing)
+            log.warning("round %d: no node hosts %s; they are dropped", round, self._who(missing))
         if self.secagg is not None:
             nodes = {c: hosts[c] for c in clients if c in hosts}
             part = secure_round(
                 self.pipeline, self.nodes.exchange, self.secagg, self.round_timeout, round, nodes,
                 {c: self.request(round, [c], payloads) for c in nodes}, spec,
             )  # fmt: skip
-            why = _reasons(part, missing, left_out=self.nodes.left_out)
+            why = _reasons(part, missing, left_out=self.nodes.left_out, private=self.pipeline.private)
             self.floor.check(round, len(clients), len(part.accepted), why)
             return part
         part, outcome = self._exchange_round(round, clients, payloads)
@@ -193,7 +193,7 @@ class GridExecutor(Executor):
         part.accumulated = self.pipeline.accumulate(arrivals)
         trained = len(part.accepted) + silent
         log.info("round %d: %d of %d picked clients trained", round, trained, len(clients))
-        why = _reasons(part, missing, self.dropped, self.nodes.left_out)
+        why = _reasons(part, missing, self.dropped, self.nodes.left_out, self.pipeline.private)
         self.floor.check(round, len(clients), trained, why)
         return part
 
@@ -234,11 +234,16 @@ class GridExecutor(Executor):
             if (why := Nodes.problem(reply, self.round_timeout)) is not None and (
                 reply is None or reply.error.code in GONE
             ):
-                log.warning("round %d: node %d: %s; its clients %s are dropped", round, node, why, hosted)
+                log.warning("round %d: node %d: %s; its %s are dropped", round, node, why, self._who(hosted))
                 self.dropped.append(f"node {node}: {why}")
                 continue
             outcome |= self._read_reply(round, node, hosted, reply)
         return part, outcome
+
+    def _who(self, clients: Sequence[int]) -> str:
+        """Picked clients as the log names them: by count in private runs, where who was picked is
+        what sampling hides (as engine/pipeline.py's log)."""
+        return f"{len(clients)} picked clients" if self.pipeline.private else f"clients {list(clients)}"
 
     def _read_reply(self, round: int, node: int, hosted: list[int], reply: FlowerMessage) -> dict:
         ledger = self.pipeline.channel.ledger
@@ -283,15 +288,23 @@ class GridExecutor(Executor):
 
 
 def _reasons(
-    part: RoundPart, missing: Sequence[int], dropped: Sequence[str] = (), left_out: Mapping[int, str] = {}
+    part: RoundPart,
+    missing: Sequence[int],
+    dropped: Sequence[str] = (),
+    left_out: Mapping[int, str] = {},
+    private: bool = False,
 ) -> str:
-    """Why the clients of a round that did not train, in a few words for the operator."""
+    """Why the clients of a round that did not train, in a few words for the operator (``private``:
+    naming no client)."""
     why = list(dropped)
     if missing:
-        why.append(f"clients {list(missing)} on no node")
+        why.append(
+            f"{len(missing)} picked clients on no node" if private else f"clients {list(missing)} on no node"
+        )
     why += [f"node {node} is left out: {reason}" for node, reason in left_out.items()]
     for kind, items in (("failed", part.failed), ("rejected", part.rejected)):
         if items:
             client, reason = items[0]
-            why.append(f"{len(items)} {kind}, e.g. client {client}: {reason}")
+            example = "a client" if private else f"client {client}"
+            why.append(f"{len(items)} {kind}, e.g. {example}: {reason}")
     return "; ".join(why) or "nobody was picked"
