@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install data demo test soak lint clean mutation vision-env
+.PHONY: install wheel data demo test soak lint clean mutation vision-env
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -12,6 +12,13 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The wheel every machine of a deployment installs (docs/deploy.md, step 0); no venv needed
+wheel:
+	rm -rf build
+	$(PYTHON) -m pip wheel --quiet --no-deps -w dist .
+	rm -rf build
+	@ls dist/taciturn-*.whl
 
 # Fashion-MNIST: Debian's package when we can install it, else the official files (verified).
 data: $(STAMP)
@@ -50,7 +57,7 @@ mutation: $(STAMP)
 	$(BIN)/python tools/mutation.py
 
 clean:
-	rm -rf $(VENV) $(VISION) runs .pytest_cache
+	rm -rf $(VENV) $(VISION) runs .pytest_cache build dist
 
 # ----- benchmark anchors (benchmarks/speed.py): Flower and pfl-research, each in its own venv -----
 # Two venvs because pfl pins attrs==23.2.0, which conflicts with Flower's. Never package dependencies.

@@ -9,7 +9,9 @@ lines and ended by id too.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -45,13 +47,17 @@ class Processes:
             "FLWR_TELEMETRY_ENABLED": "0",  # nothing leaves loopback
         }
 
-    def start(self, name: str, runtime_port: int, *args: str) -> subprocess.Popen:
-        """Start ``args``; ``runtime_port`` is the port its helpers reach it on (--port)."""
+    def start(
+        self, name: str, runtime_port: int, *args: str, netns: str | None = None, cwd=None, env=None
+    ) -> subprocess.Popen:
+        """Start ``args`` (in network namespace ``netns``, folder ``cwd``, with ``env`` added);
+        ``runtime_port`` is the port its helpers reach it on (--port)."""
         starts = len(list(self.logs.glob(f"{name}.*log")))
         with (self.logs / f"{name}.{starts}.log").open("w") as log:
             proc = subprocess.Popen(
-                [str(BIN / args[0]), *args[1:]],
-                env=self.env,
+                self._command(args, netns),
+                env={**self.env, **(env or {})},
+                cwd=cwd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -59,10 +65,22 @@ class Processes:
         self.procs[name] = (proc, runtime_port)
         return proc
 
-    def run(self, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    def run(
+        self, *args: str, timeout: float, netns: str | None = None, cwd=None, env=None
+    ) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [str(BIN / args[0]), *args[1:]], env=self.env, capture_output=True, text=True, timeout=timeout
+            self._command(args, netns),
+            env={**self.env, **(env or {})},
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
+
+    @staticmethod
+    def _command(args, netns: str | None) -> list[str]:
+        command = [str(BIN / args[0]), *args[1:]]
+        return command if netns is None else ["ip", "netns", "exec", netns, *command]  # ip execs it: same pid
 
     def log(self, name: str) -> str:
         """Everything ``name`` wrote, over all its starts."""
@@ -130,16 +148,29 @@ def wait_for(predicate, timeout: float, what: str):
 
 
 class Federation:
-    """A SuperLink with TLS and SuperNode authentication, and registered SuperNodes, on loopback.
+    """A SuperLink with TLS, SuperNode authentication and a database, and registered SuperNodes,
+    on loopback, started as docs/deploy.md starts them.
 
     ``hosts[i]`` is the client ids node ``i + 1`` hosts ("0,1"); node ``i + 1`` authenticates with
-    key ``node-<i+1>`` and keeps its state in ``state-<i+1>``. Key ``node-<len(hosts)+1>`` is made
-    but never registered (``strangers`` starts a node with it, and one without the CA)."""
+    key ``node-<i+1>``, keeps its state in ``state-<i+1>`` and adds ``node_data[i]`` to its node
+    config (its own data: 'data.path="..."'). Nodes run as `taciturn deploy node` (a long-lived
+    ClientApp, restarted when the SuperNode exits), or as a plain `flower-supernode` (``plain``).
+    Key ``node-<len(hosts)+1>`` is made but never registered (``strangers`` starts a node with it,
+    and one without the CA)."""
 
-    def __init__(self, root: Path, processes: Processes, hosts: list[str], boot_s: float):
+    def __init__(
+        self,
+        root: Path,
+        processes: Processes,
+        hosts: list[str],
+        boot_s: float,
+        node_data: list[str] | None = None,
+        plain: bool = False,
+    ):
         from taciturn.deploy.certs import make_credentials
 
         self.root, self.processes, self.hosts, self.boot_s = root, processes, hosts, boot_s
+        self.node_data, self.plain = node_data or [""] * len(hosts), plain
         self.creds = make_credentials(root / "creds", nodes=len(hosts) + 1)
         self.link = free_port()
         home = root / "flwr-home"
@@ -148,16 +179,7 @@ class Federation:
             '[superlink]\ndefault = "local"\n\n[superlink.local]\n'
             f'address = "127.0.0.1:{self.link}"\nroot-certificates = "{self.creds["ca.crt"]}"\n'
         )
-        processes.start(
-            "superlink", self.link, "flower-superlink",
-            "--ssl-ca-certfile", str(self.creds["ca.crt"]),
-            "--ssl-certfile", str(self.creds["server.crt"]),
-            "--ssl-keyfile", str(self.creds["server.key"]),
-            "--enable-supernode-auth",
-            "--disable-runtime-dependency-installation",
-            "--host", "127.0.0.1", "--port", str(self.link),
-        )  # fmt: skip
-        processes.wait_for_port(self.link, boot_s)
+        self.start_link()
         for key in range(1, len(hosts) + 1):
             pub = str(self.creds[f"node-{key}.pub"])
             done = processes.run("flwr", "supernode", "register", pub, "local", timeout=boot_s)
@@ -166,6 +188,26 @@ class Federation:
         for key in range(1, len(hosts) + 1):
             self.node(f"node-{key}", key, *self.with_ca)
 
+    def start_link(self) -> None:
+        """The SuperLink, persistent (``--database``): a restart keeps the registered nodes."""
+        self.processes.start(
+            "superlink", self.link, "flower-superlink",
+            "--ssl-ca-certfile", str(self.creds["ca.crt"]),
+            "--ssl-certfile", str(self.creds["server.crt"]),
+            "--ssl-keyfile", str(self.creds["server.key"]),
+            "--enable-supernode-auth",
+            "--disable-runtime-dependency-installation",
+            "--database", str(self.root / "superlink.db"),
+            "--host", "127.0.0.1", "--port", str(self.link),
+        )  # fmt: skip
+        self.processes.wait_for_port(self.link, self.boot_s)
+
+    def connected(self) -> int:
+        """How many registered nodes the SuperLink sees online now (`flwr supernode ls`)."""
+        done = self.processes.run("flwr", "supernode", "ls", "local", "--format", "json", timeout=self.boot_s)
+        nodes = json.loads(done.stdout).get("nodes", []) if done.returncode == 0 else []
+        return sum(1 for node in nodes if node.get("status") == "online")
+
     @property
     def with_ca(self) -> tuple[str, ...]:
         return ("--root-certificates", str(self.creds["ca.crt"]))
@@ -173,22 +215,28 @@ class Federation:
     def state_dir(self, key: int) -> Path:
         return self.root / f"state-{key}"
 
-    def node(self, name: str, key: int, *flags: str, clients: str | None = None) -> None:
+    def node(
+        self, name: str, key: int, *flags: str, clients: str | None = None, plain: bool | None = None
+    ) -> None:
         """Start a SuperNode ``name`` with key ``node-<key>``, hosting ``hosts[key - 1]``."""
         port = free_port()
         clients = self.hosts[key - 1] if clients is None else clients
-        self.processes.start(
-            name, port, "flower-supernode", *flags,
+        data = self.node_data[key - 1] if key <= len(self.node_data) else ""
+        config = f'clients="{clients}" state-dir="{self.state_dir(key)}" {data}'.strip()
+        common = (
             "--superlink", f"127.0.0.1:{self.link}", "--port", str(port),
-            "--auth-supernode-private-key", str(self.creds[f"node-{key}"]),
-            "--node-config", f'clients="{clients}" state-dir="{self.state_dir(key)}"',
+            "--auth-supernode-private-key", str(self.creds[f"node-{key}"]), "--node-config", config,
         )  # fmt: skip
+        if self.plain if plain is None else plain:
+            self.processes.start(name, port, "flower-supernode", *flags, *common)
+        else:  # flags are the CA's: --root-certificates ca.crt
+            self.processes.start(name, port, "taciturn", "deploy", "node", *flags, *common, "--retry-s", "2")
 
     def strangers(self) -> None:
         """A node whose key was never registered, and one with a registered key but no CA."""
         give_up = ("--max-retries", "2", "--max-wait-time", "30")
-        self.node("stranger", len(self.hosts) + 1, *self.with_ca, *give_up, clients=self.hosts[0])
-        self.node("no-ca", 1, *give_up)
+        self.node("stranger", len(self.hosts) + 1, *self.with_ca, *give_up, clients=self.hosts[0], plain=True)
+        self.node("no-ca", 1, *give_up, plain=True)
 
     def refused(self, name: str, reason: str) -> bool:
         """Whether node ``name`` gave up with ``reason`` in its log."""
@@ -199,18 +247,35 @@ class Federation:
     def log(self, name: str) -> str:
         return self.processes.log(name)
 
-    def submit(self, config, round_timeout: float, min_nodes: int | None = None):
-        """Start ``config`` with `flwr run`; the server waits for ``min_nodes`` nodes (all by
-        default) at the start of each round. The run directory it writes."""
+    def submit(self, config, round_timeout: float, min_nodes: int | None = None, **app):
+        """Start ``config`` with `flwr run --stream` (its output: ``self.log(f"stream-{name}")``);
+        the server waits for ``min_nodes`` nodes (all by default) at the start of each round. The
+        run directory it writes; ``app``: more settings of the app folder (min_trained, ...)."""
         from taciturn.deploy.app_folder import write_app
         from taciturn.report.rundir import RunDir
 
-        app, out = self.root / f"app-{config.name}", self.root / f"deployed-{config.name}"
-        write_app(app, config, out, round_timeout=round_timeout, min_nodes=min_nodes or len(self.hosts))
-        started = self.processes.run("flwr", "run", str(app), "local", timeout=self.boot_s)
-        if started.returncode != 0:
-            raise RuntimeError(f"flwr run failed: {started.stdout}{started.stderr}")
+        folder, out = self.root / f"app-{config.name}", self.root / f"deployed-{config.name}"
+        nodes = min_nodes or len(self.hosts)
+        write_app(folder, config, out, round_timeout=round_timeout, min_nodes=nodes, overwrite=True, **app)
+        self.processes.start(f"stream-{config.name}", 0, "flwr", "run", str(folder), "local", "--stream")
         return RunDir(out)
+
+    def streamed(self, name: str, timeout: float) -> str:
+        """The whole output of `flwr run --stream` for run ``name``, once it has ended."""
+        proc, _ = self.processes.procs[f"stream-{name}"]
+        wait_for(lambda: proc.poll() is not None, timeout, f"flwr run --stream of {name} did not end")
+        return self.log(f"stream-{name}")
+
+    def status(self, name: str) -> str:
+        """The Flower status of run ``name`` (`flwr ls --run-id`), e.g. 'finished:completed'."""
+        started = re.search(r"Successfully started run (\d+)", self.log(f"stream-{name}"))
+        if started is None:
+            return ""
+        done = self.processes.run(
+            "flwr", "ls", "local", "--run-id", started[1], "--format", "json", timeout=self.boot_s
+        )
+        runs = json.loads(done.stdout).get("runs", [])
+        return runs[0]["status"] if runs else ""
 
     def kill_and_restart(self, key: int, round: int, submit) -> tuple[Any, Path, dict[str, bytes]]:
         """``submit()`` a run; when node ``key`` receives its request of ``round``, stop it

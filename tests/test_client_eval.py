@@ -13,7 +13,8 @@ import taciturn
 from taciturn.core.rng import Streams
 from taciturn.experiments import types
 from taciturn.experiments.config import ConfigError, load_config
-from taciturn.experiments.runner import _client_evaluation, build_task, prepare, resume, start
+from taciturn.experiments.engine_setup import refuse_undeployable
+from taciturn.experiments.runner import build_task, prepare, resume, start
 from tests.conftest import forge_manifest, tiny_config
 from tests.test_runner import Interrupt, metrics_without_time, stop_after
 
@@ -193,9 +194,8 @@ def test_clients_too_small_to_hold_any_sample_out_fail_before_work(tmp_path):
 
 
 def test_deployed_runs_and_language_models_refuse_it(tmp_path):
-    exp = prepare(tiny_config(eval={"clients": 0.5}), tmp_path / "x")
     with pytest.raises(ConfigError, match=r"\[eval.clients\] deployed runs keep each client's data"):
-        _client_evaluation(exp.config, exp.task, exp.data, exp.streams, deployed=True)
+        refuse_undeployable(tiny_config(eval={"clients": 0.5}))
     tree = {
         "model": {"kind": "causal_lm"},
         "data": {"dataset": "instructions"},

@@ -15,7 +15,7 @@ from taciturn.compression.config import CompressionConfig
 from taciturn.compression.link import DOWN, UP, Uplink
 from taciturn.core import Channel, Direction, Ledger, Message, Streams
 from taciturn.experiments.config import ConfigError
-from taciturn.experiments.engine_setup import links
+from taciturn.experiments.engine_setup import refuse_undeployable
 from taciturn.experiments.runner import resume, start
 from taciturn.privacy.gaussian import LocalGaussian
 from taciturn.privacy.noise import GaussianNoise
@@ -310,7 +310,7 @@ def test_executors_that_cannot_keep_the_server_copies_and_deployments_refuse_cle
     with pytest.raises(ConfigError, match="'sequential' or 'vectorized'"):
         _build(config)
     with pytest.raises(ConfigError, match="simulation only"):
-        links(tiny_config(compression={"down": ["fp16"]}), FedAvg(FedAvgConfig()), Streams(0), deployed=True)
+        refuse_undeployable(tiny_config(compression={"down": ["fp16"]}))
 
 
 def _build(config):

@@ -89,6 +89,15 @@ def test_hf_text_example(in_tmp):
         assert torch.equal(reloaded.state_dict()[name], tensor)
 
 
+def test_clients_example_evaluates_on_each_clients_own_held_out_split(in_tmp):
+    config = str(REPO / "examples" / "clients.toml")
+    assert main(["run", config, "--quiet", "--no-report"]) == 0
+    rows = RunDir(in_tmp / "runs" / "clients").read_metrics()
+    held_out = sum(n // 5 for n in (150, 300, 450))
+    assert all(r["eval_on"] == "clients" and r["eval_samples"] == held_out for r in rows)
+    assert rows[-1]["accuracy"] > rows[0]["accuracy"] + 0.3  # it learned
+
+
 def test_hf_object_example(in_tmp):
     """A transformers model object as model= (issue 44): it learns, comes back as its own class, and
     save_pretrained writes the trained weights."""

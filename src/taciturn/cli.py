@@ -142,11 +142,17 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         from taciturn.deploy.certs import make_credentials
 
         written = make_credentials(
-            Path(args.dir), tuple(args.host or ("127.0.0.1", "localhost")), args.nodes, args.overwrite
+            Path(args.dir), tuple(args.host or ()), args.nodes, args.overwrite, args.days, args.renew
         )
         for name, path in written.items():
             console.print(f"{name:12} {path}")
+        if not written:
+            console.print(f"{args.dir} already holds all of it: nothing written")
         return 0
+    if args.action == "node":
+        from taciturn.deploy.node import run_node
+
+        return run_node(args)
     from taciturn.deploy.app_folder import write_app
     from taciturn.experiments import types
 
@@ -159,6 +165,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         args.overwrite_run,
         args.min_nodes,
         args.overwrite,
+        args.min_trained,
+        args.patience,
     )
     console.print(f"Flower app for run {config.name!r}: [bold]{pyproject.parent}[/]")
     console.print(f"start it with: flwr run {pyproject.parent} <superlink connection>")
@@ -283,10 +291,23 @@ def build_parser() -> argparse.ArgumentParser:
     certs = actions.add_parser("certs", help="a test CA, the SuperLink's TLS certificate, SuperNode keys")
     certs.add_argument("dir", help="folder to write them into")
     certs.add_argument(
-        "--host", action="append", default=None, help="a name or address of the SuperLink (repeatable)"
+        "--host",
+        action="append",
+        default=None,
+        help="a name or address nodes reach the SuperLink at (repeatable; 127.0.0.1 and localhost always)",
     )
-    certs.add_argument("--nodes", type=int, default=2, help="how many SuperNode key pairs")
-    certs.add_argument("--overwrite", action="store_true", help="replace files written earlier")
+    certs.add_argument("--nodes", type=int, default=2, help="how many SuperNode key pairs in all")
+    certs.add_argument("--days", type=int, default=365, help="validity of a new server certificate")
+    certs.add_argument("--renew", action="store_true", help="a new server certificate in any case")
+    certs.add_argument(
+        "--overwrite", action="store_true", help="make everything afresh, the CA too (every node re-keyed)"
+    )
+    node = actions.add_parser(
+        "node", help="a SuperNode serving its clients from one long-lived process, restarted if it exits"
+    )
+    from taciturn.deploy.node import add_arguments
+
+    add_arguments(node)
     app = actions.add_parser("app", help="the Flower app folder for `flwr run`, with this run's config")
     app.add_argument("config", type=Path)
     app.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
@@ -297,6 +318,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     app.add_argument(
         "--min-nodes", type=int, default=1, help="SuperNodes to wait for at the start of each round"
+    )
+    app.add_argument(
+        "--min-trained",
+        type=int,
+        default=1,
+        help="the floor: a round in which fewer picked clients trained falls short",
+    )
+    app.add_argument(
+        "--patience",
+        type=int,
+        default=3,
+        help="short rounds in a row after which the run stops with an error",
     )
     app.add_argument(
         "--overwrite-run", action="store_true", help="let the run replace an earlier one in --out"

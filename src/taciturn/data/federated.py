@@ -8,7 +8,7 @@ slices of the same tensor, which training never reads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -70,6 +70,14 @@ class FederatedData(ClientSlices):
         if kept is not None and kept.num_clients != train.num_clients:
             raise ValueError("a held-out split is needed for every client (an empty one at least)")
         return cls(dataset, train.offsets, train.order, kept)
+
+    def to(self, device: torch.device) -> FederatedData:
+        """The same clients with the dataset's tensors on ``device``."""
+        if self.dataset.x_train.device == device:
+            return self
+        names = ("x_train", "y_train", "x_test", "y_test")
+        dataset = replace(self.dataset, **{k: getattr(self.dataset, k).to(device) for k in names})
+        return replace(self, dataset=dataset)
 
     def batch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.from_numpy(indices).to(

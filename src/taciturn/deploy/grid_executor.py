@@ -1,19 +1,20 @@
-"""The server side of a deployed round: each picked client's downlink goes to the SuperNode that
-hosts it through Flower's Grid, and what comes back is checked and reduced as in simulation.
+"""The server side of a deployed round: each node hosting picked clients gets one message with
+their downlinks through Flower's Grid, and what comes back is checked and reduced as in simulation.
 
 It is an executor (engine/executor.py) like the sequential one, so the round loop, the run
 directory, metrics, ledger, checkpoints and report are experiments/runner.py's, unchanged.
 
-* Clients to nodes: each node says which clients it hosts and their sizes on its data (a
-  ``query`` message, protocol.py), asked of every node the server has not heard from yet, at the
-  start of each round; a node whose sizes are not the run's is left out (its data is another);
-  a node that left is forgotten, and a restarted node is found again and takes its clients back.
-* A round: one ``train`` message per picked client (an empty payload when the algorithm sends it
-  nothing), pushed at once; replies are pulled until all are in or ``round_timeout`` passes. A
-  client whose node is gone or silent past the timeout is dropped, exactly like a message the
-  simulated Channel drops: its downlink is counted as sent, not delivered, and nothing arrives.
+* Clients to nodes: nodes.py (asked at the start of each round; a node whose data is not the
+  run's is left out; a restarted node is found again and takes its clients back).
+* A round: one ``train`` message per node hosting picked clients, carrying each one's request
+  (an empty payload when the algorithm sends it nothing), pushed at once; replies are pulled until
+  all are in or ``round_timeout`` passes. The clients of a node that is gone or silent past the
+  timeout are dropped, exactly like messages the simulated Channel drops: their downlinks are
+  counted as sent, not delivered, and nothing arrives. Uplinks are admitted in the round's client
+  order, as the simulation admits them, whichever node answered first.
 * Ledger: payload bytes as in simulation (the codec's encoded size, counted only for messages
-  that carry a model), plus ``wire_bytes``: the serialized Flower messages, every one of them.
+  that carry a model), plus ``wire_bytes``: the serialized Flower messages, every one of them, each
+  split over the clients it carries (protocol.py ``shares``).
 * SecAgg+ ([secagg] on): the round runs Flower's SecAgg+ workflow instead (secagg.py): the server
   sees only the weighted mean of the nodes' updates; every message of its four stages is metered.
 * Acceptance: the server tells each client, with its next request, the last round whose reply it
@@ -21,26 +22,28 @@ directory, metrics, ledger, checkpoints and report are experiments/runner.py's, 
   its state of that round (node_state.py). These acknowledgements are saved with each checkpoint,
   so a resumed server names the states in effect then, and the run goes on exactly as it would
   have without the interruption.
+* The floor: a round in which fewer than ``min_trained`` picked clients trained falls short; after
+  ``patience`` short rounds in a row the run stops with an error that says why the clients were
+  missing (a run that trained on almost nobody does not succeed).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from flwr.app import Message as FlowerMessage
-from flwr.app import RecordDict
-from flwr.serverapp import Grid
 
+from taciturn import __version__
 from taciturn.algorithms.base import ArraySpec
 from taciturn.core.codec import CodecError
 from taciturn.core.ledger import Direction
 from taciturn.core.message import Message
 from taciturn.deploy import protocol
+from taciturn.deploy.nodes import Nodes
 from taciturn.deploy.protocol import GONE
 from taciturn.deploy.secagg import secure_round
 from taciturn.deploy.settings import DeployError
@@ -50,7 +53,6 @@ from taciturn.secagg.config import SecAggConfig
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.05  # between pulls of replies (Flower's own send_and_receive sleeps 3 s)
 ACKNOWLEDGED = "acknowledged"  # the checkpoint file (experiments/checkpoint.py, extras)
 
 
@@ -61,97 +63,63 @@ class Acknowledged:
     rounds: np.ndarray  # int64, one entry per client
 
 
+@dataclass
+class Floor:
+    """At least ``min_trained`` picked clients train a round; ``patience`` short rounds in a row
+    end the run."""
+
+    min_trained: int = 1
+    patience: int = 3
+    short: list[str] = field(default_factory=list)  # why each short round of the current streak fell short
+
+    def check(self, round: int, picked: int, trained: int, why: str) -> None:
+        if trained >= min(self.min_trained, picked) or not picked:
+            self.short = []
+            return
+        self.short.append(f"round {round}: {trained} of {picked} trained ({why})")
+        log.warning(
+            "round %d fell short of the floor: %d of %d picked clients trained (%s)",
+            round,
+            trained,
+            picked,
+            why,
+        )
+        if len(self.short) >= self.patience:
+            raise DeployError(
+                f"fewer than min-trained = {self.min_trained} clients trained in {self.patience} rounds in "
+                f"a row, so the run stops: {'; '.join(self.short)}. Bring the nodes back (their logs say "
+                "why they failed) and continue with resume=true, or lower min-trained / raise patience"
+            )
+
+
 class GridExecutor(Executor):
     name = "flower"
 
     def __init__(
         self,
         pipeline: ClientPipeline,
-        grid: Grid,
-        round_timeout: float,
+        nodes: Nodes,
         secagg: SecAggConfig | None = None,
-        min_nodes: int = 1,
+        floor: Floor | None = None,
+        population: Sequence[int] = (),
     ):
         super().__init__(pipeline)
-        self.grid = grid
-        self.round_timeout = round_timeout
-        self.min_nodes = min_nodes
+        self.nodes = nodes
+        self.round_timeout = nodes.round_timeout
         self.secagg = secagg  # SecAgg+ through Flower's workflow (secagg.py), if on
-        self.hosts: dict[int, int] = {}  # client -> node id
-        self.nodes: set[int] = set()  # nodes that said which clients they host
+        self.floor = floor or Floor()
+        self.population = list(population)  # per-client data: the run-wide numbers each request carries
         self.accepted: dict[int, int] = {}  # client -> last round whose reply the server took
         self.kept: dict[int, int] = {}  # the same at the last checkpoint
-
-    # ----- which node hosts which client -----
-    def online(self) -> set[int]:
-        """The connected nodes, once ``min_nodes`` of them are (or the round timeout passed)."""
-        deadline = time.monotonic() + self.round_timeout
-        while len(online := set(self.grid.get_node_ids())) < self.min_nodes and time.monotonic() < deadline:
-            time.sleep(10 * POLL_S)
-        if len(online) < self.min_nodes:
-            log.warning("only %d of min-nodes %d SuperNodes connected; going on", len(online), self.min_nodes)
-        return online
-
-    def discover(self) -> None:
-        online = self.online()
-        for gone in self.nodes - online:
-            self.hosts = {c: n for c, n in self.hosts.items() if n != gone}
-        self.nodes &= online
-        new = sorted(online - self.nodes)
-        if not new:
-            return
-        asks = [
-            FlowerMessage(RecordDict(), node, protocol.QUERY, group_id="hosts", ttl=self.round_timeout)
-            for node in new
-        ]
-        for reply in self._exchange(asks).values():
-            if reply.has_error():
-                log.warning(
-                    "node %d could not say which clients it hosts: %s",
-                    reply.metadata.src_node_id,
-                    reply.error.reason,
-                )
-                continue
-            try:
-                sizes = protocol.read_query_reply(reply.content)
-            except Exception as error:  # whatever a node's bytes make fail is that node's failure
-                log.warning("node %d: malformed query reply: %s", reply.metadata.src_node_id, error)
-                continue
-            node, clients = reply.metadata.src_node_id, list(sizes)
-            data = self.pipeline.data
-            expected = {c: data.client_size(c) if c < data.num_clients else None for c in clients}
-            if sizes != expected:  # it read other data, or split it otherwise: its updates would not fit
-                log.warning(
-                    "node %d is left out: its clients' sizes %s differ from the run's %s (the node's "
-                    "data is not the run's dataset, or it splits it otherwise)",
-                    node,
-                    sizes,
-                    expected,
-                )
-                continue
-            if self.secagg is not None and len(clients) > 1:
-                raise DeployError(
-                    f"node {node} hosts clients {list(clients)}; under [secagg] each node hosts one "
-                    "client, since SecAgg+ hides a node's update, not a client's"
-                )
-            self.nodes.add(node)
-            for client in clients:
-                self.hosts[client] = node
-            log.info("node %d hosts clients %s", node, list(clients))
-
-    def _exchange(self, messages: Sequence[FlowerMessage]) -> dict[str, FlowerMessage]:
-        """Push ``messages`` and pull replies until all are in or the round timeout passes; the
-        replies by the id of the message they answer."""
-        ids = [i for i in self.grid.push_messages(messages) if i]
-        waiting, replies = set(ids), {}
-        deadline = time.monotonic() + self.round_timeout
-        while waiting and time.monotonic() < deadline:
-            for reply in self.grid.pull_messages(list(waiting)):
-                replies[reply.metadata.reply_to_message_id] = reply
-                waiting.discard(reply.metadata.reply_to_message_id)
-            if waiting:
-                time.sleep(POLL_S)
-        return replies
+        data = pipeline.data
+        if nodes.expected is None:  # the run's dataset, split here: every node must split it alike
+            nodes.expected = {c: data.client_size(c) for c in range(data.num_clients)}
+        per_round = pipeline.algorithm.config.clients_per_round(data.num_clients)
+        if self.floor.min_trained > per_round:
+            raise DeployError(
+                f"min-trained = {self.floor.min_trained}, but a round picks {per_round} clients: it could "
+                "never be met; lower min-trained"
+            )
 
     def commit(self, round: int, accepted: Sequence[int]) -> None:
         """The commit protocol (engine/executor.py) across the network: remember the round of each
@@ -170,9 +138,17 @@ class GridExecutor(Executor):
         self.kept = {} if saved is None else {c: int(r) for c, r in enumerate(saved.rounds) if r}
         self.accepted = dict(self.kept)
 
-    def request(self, round: int, client: int, payload: bytes) -> protocol.TrainRequest:
+    def request(
+        self, round: int, clients: Sequence[int], payloads: Mapping[int, bytes]
+    ) -> protocol.TrainRequest:
         return protocol.TrainRequest(
-            round, client, self.accepted.get(client, 0), self.kept.get(client, 0), payload
+            __version__,
+            round,
+            tuple(self.population),
+            tuple(clients),
+            tuple(self.accepted.get(c, 0) for c in clients),
+            tuple(self.kept.get(c, 0) for c in clients),
+            tuple(payloads[c] for c in clients),
         )
 
     # ----- a round -----
@@ -183,66 +159,152 @@ class GridExecutor(Executor):
         downlink: Mapping[int, Message | None],
         spec: Mapping[str, ArraySpec],
     ) -> RoundPart:
-        self.discover()
-        ledger = self.pipeline.channel.ledger
+        self.nodes.discover()
         payloads = {c: protocol.payload_of(downlink.get(c)) for c in clients}
+        hosts = self.nodes.hosts
+        missing = [c for c in clients if c not in hosts]
+        if missing:
+            log.warning("round %d: no node hosts %s; they are dropped", round, self._who(missing))
         if self.secagg is not None:
-            for client in clients:
-                if client not in self.hosts:
-                    log.warning("round %d: no node hosts client %d; it is dropped", round, client)
-            nodes = {c: self.hosts[c] for c in clients if c in self.hosts}
-            return secure_round(
-                self.pipeline, self._exchange, self.secagg, self.round_timeout, round, nodes,
-                {c: self.request(round, c, payloads[c]) for c in nodes}, spec,
+            nodes = {c: hosts[c] for c in clients if c in hosts}
+            part = secure_round(
+                self.pipeline, self.nodes.exchange, self.secagg, self.round_timeout, round, nodes,
+                {c: self.request(round, [c], payloads) for c in nodes}, spec,
             )  # fmt: skip
-        requests: dict[int, FlowerMessage] = {}
-        for client in clients:
-            node = self.hosts.get(client)
-            if node is None:
-                log.warning("round %d: no node hosts client %d; it is dropped", round, client)
+            why = _reasons(part, missing, left_out=self.nodes.left_out, private=self.pipeline.private)
+            self.floor.check(round, len(clients), len(part.accepted), why)
+            return part
+        part, outcome = self._exchange_round(round, clients, payloads)
+        arrivals, silent = [], 0
+        for client in clients:  # in the round's order, as the simulation admits them
+            result = outcome.get(client)
+            if result is None:
                 continue
-            content = self.request(round, client, payloads[client]).content()
-            request = FlowerMessage(
-                content, node, protocol.TRAIN, group_id=str(round), ttl=self.round_timeout
-            )
-            ledger.record_wire(round, client, Direction.DOWN, protocol.wire_size(request))
-            requests[client] = request
-        replies = self._exchange(list(requests.values()))
-        part, arrivals = RoundPart(accumulated=None), []
-        for client in clients:
-            request = requests.get(client)
-            reply = None if request is None else replies.get(request.metadata.message_id)
-            arrived = reply is not None and not (reply.has_error() and reply.error.code in GONE)
-            if payloads[client]:
-                ledger.record(round, client, Direction.DOWN, len(payloads[client]), delivered=arrived)
-            if reply is None:
-                if request is not None:
-                    log.warning(
-                        "round %d: client %d did not reply in %g s; dropped",
-                        round,
-                        client,
-                        self.round_timeout,
-                    )
-                continue
-            if not arrived:  # the SuperLink's own error reply: nothing came from the node
-                log.warning("round %d: client %d's node is gone; dropped", round, client)
-                continue
-            ledger.record_wire(round, client, Direction.UP, protocol.wire_size(reply))
-            if reply.has_error():
-                part.failed.append((client, reply.error.reason))
-                continue
-            try:
-                answer = protocol.read_reply(reply.content)
-                if (answer.round, answer.client) != (round, client):
-                    raise CodecError(f"reply for client {answer.client} in round {answer.round}")
-                uplink = protocol.message_of(answer.payload)
-            except Exception as error:  # any decode failure (not only CodecError) is this node's failure
-                part.rejected.append((client, f"malformed reply: {error}"))
-                continue
-            if uplink is None:  # the client stayed silent: its state takes effect (engine/pipeline.py)
+            kind, value = result
+            if kind == "failed":
+                part.failed.append((client, value))
+            elif kind == "rejected":
+                part.rejected.append((client, value))
+            elif value is None:  # the client stayed silent: its state takes effect (engine/pipeline.py)
                 self.accepted[client] = round
-                continue
-            ledger.record(round, client, Direction.UP, len(answer.payload), delivered=True)
-            self.pipeline.admit(part, arrivals, round, client, uplink, spec)
+                silent += 1
+            else:
+                self.pipeline.admit(part, arrivals, round, client, value, spec)
         part.accumulated = self.pipeline.accumulate(arrivals)
+        trained = len(part.accepted) + silent
+        log.info("round %d: %d of %d picked clients trained", round, trained, len(clients))
+        why = _reasons(part, missing, self.dropped, self.nodes.left_out, self.pipeline.private)
+        self.floor.check(round, len(clients), trained, why)
         return part
+
+    def _exchange_round(self, round: int, clients: Sequence[int], payloads: Mapping[int, bytes]):
+        """One message to each node hosting picked clients; each client's outcome: ("failed" |
+        "rejected", reason) or ("arrived", its uplink or None for silence); absent: dropped."""
+        ledger = self.pipeline.channel.ledger
+        by_node: dict[int, list[int]] = {}
+        for client in clients:
+            if (node := self.nodes.hosts.get(client)) is not None:
+                by_node.setdefault(node, []).append(client)
+        requests = {
+            node: FlowerMessage(
+                self.request(round, hosted, payloads).content(),
+                node,
+                protocol.TRAIN,
+                group_id=str(round),
+                ttl=self.round_timeout,
+            )
+            for node, hosted in by_node.items()
+        }
+        for node, request in requests.items():
+            sizes = [len(payloads[c]) for c in by_node[node]]
+            for client, wire in zip(
+                by_node[node], protocol.shares(protocol.wire_size(request), sizes), strict=True
+            ):
+                ledger.record_wire(round, client, Direction.DOWN, wire)
+        replies = self.nodes.exchange(list(requests.values()))
+        part, outcome, self.dropped = RoundPart(accumulated=None), {}, []
+        for client in clients:  # a payload that never reached a node is sent, not delivered
+            node = self.nodes.hosts.get(client)
+            reply = None if node is None else replies.get(requests[node].metadata.message_id)
+            if payloads[client]:
+                arrived = reply is not None and not (reply.has_error() and reply.error.code in GONE)
+                ledger.record(round, client, Direction.DOWN, len(payloads[client]), delivered=arrived)
+        for node, hosted in by_node.items():
+            reply = replies.get(requests[node].metadata.message_id)
+            if (why := Nodes.problem(reply, self.round_timeout)) is not None and (
+                reply is None or reply.error.code in GONE
+            ):
+                log.warning("round %d: node %d: %s; its %s are dropped", round, node, why, self._who(hosted))
+                self.dropped.append(f"node {node}: {why}")
+                continue
+            outcome |= self._read_reply(round, node, hosted, reply)
+        return part, outcome
+
+    def _who(self, clients: Sequence[int]) -> str:
+        """Picked clients as the log names them: by count in private runs, where who was picked is
+        what sampling hides (as engine/pipeline.py's log)."""
+        return f"{len(clients)} picked clients" if self.pipeline.private else f"clients {list(clients)}"
+
+    def _read_reply(self, round: int, node: int, hosted: list[int], reply: FlowerMessage) -> dict:
+        ledger = self.pipeline.channel.ledger
+        if reply.has_error():  # the node's ClientApp raised: every client of the message failed
+            for client, wire in zip(
+                hosted, protocol.shares(protocol.wire_size(reply), [0] * len(hosted)), strict=True
+            ):
+                ledger.record_wire(round, client, Direction.UP, wire)
+            log.warning("round %d: node %d failed: %s", round, node, reply.error.reason)
+            return {c: ("failed", f"node {node}: {reply.error.reason}") for c in hosted}
+        try:
+            answer = protocol.read_reply(reply.content)
+            if answer.round != round or list(answer.clients) != hosted:
+                raise CodecError(f"a reply for clients {list(answer.clients)} in round {answer.round}")
+        except Exception as error:  # any decode failure (not only CodecError) is the node's failure
+            wires = protocol.shares(protocol.wire_size(reply), [0] * len(hosted))
+            for client, wire in zip(hosted, wires, strict=True):
+                ledger.record_wire(round, client, Direction.UP, wire)
+            return {c: ("rejected", f"malformed reply: {error}") for c in hosted}
+        sizes = [len(p) for p in answer.payloads]
+        outcome = {}
+        for client, payload, error, wire in zip(
+            hosted,
+            answer.payloads,
+            answer.errors,
+            protocol.shares(protocol.wire_size(reply), sizes),
+            strict=True,
+        ):
+            ledger.record_wire(round, client, Direction.UP, wire)
+            if error:
+                outcome[client] = ("failed", error)
+                continue
+            if not payload:
+                outcome[client] = ("arrived", None)
+                continue
+            ledger.record(round, client, Direction.UP, len(payload), delivered=True)
+            try:
+                outcome[client] = ("arrived", protocol.message_of(payload))
+            except Exception as error:  # any decode failure (not only CodecError) is the node's failure
+                outcome[client] = ("rejected", f"malformed reply: {error}")
+        return outcome
+
+
+def _reasons(
+    part: RoundPart,
+    missing: Sequence[int],
+    dropped: Sequence[str] = (),
+    left_out: Mapping[int, str] = {},
+    private: bool = False,
+) -> str:
+    """Why the clients of a round that did not train, in a few words for the operator (``private``:
+    naming no client)."""
+    why = list(dropped)
+    if missing:
+        why.append(
+            f"{len(missing)} picked clients on no node" if private else f"clients {list(missing)} on no node"
+        )
+    why += [f"node {node} is left out: {reason}" for node, reason in left_out.items()]
+    for kind, items in (("failed", part.failed), ("rejected", part.rejected)):
+        if items:
+            client, reason = items[0]
+            example = "a client" if private else f"client {client}"
+            why.append(f"{len(items)} {kind}, e.g. {example}: {reason}")
+    return "; ".join(why) or "nobody was picked"

@@ -7,7 +7,8 @@ without a network (benchmarks/deploy.py). Not a transport: real runs go through 
 can be lost on purpose (``lose``), as a network would lose it, and a node can be down for some
 rounds and come back under a new node id (``outages``), as a restarted SuperNode does, and the
 server can be stopped in the middle of a round (``stop_in``: after the nodes served its requests,
-before any reply reached it), as a killed ServerApp is.
+before any reply reached it), as a killed ServerApp is, and a node can be one the SuperLink answers
+for itself (``unavailable``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -40,6 +42,7 @@ class InProcessGrid(Grid):
         outages=None,
         node_data: dict[int, dict[str, str]] | None = None,
         stop_in: int | None = None,
+        unavailable: dict[int, int] | None = None,
     ):
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SERVER_NODE, 1
         self.run_config = {"taciturn-config": to_toml(config)}
@@ -48,10 +51,13 @@ class InProcessGrid(Grid):
             | (node_data or {}).get(node, {})
             for node, clients in enumerate(hosts, start=1)
         }
-        self.lose = set(lose)  # (round, client) whose train reply never arrives
+        self.lose = set(lose)  # (round, client): the reply carrying that client's uplink never arrives
         self.outages = dict(outages or {})  # node -> (first, last) round it is down; then a new id
         self.round = 0  # the executor asks for the nodes once at the start of each round
         self.stop_in = stop_in  # the round (counted from this grid's first) in which the server dies
+        # node -> the round from which the SuperLink answers for it (NODE_UNAVAILABLE, from its own
+        # node id), as for a node it still lists but cannot reach
+        self.unavailable = dict(unavailable or {})
         self.replies: dict[str, Message] = {}
         self.requests: list[Message] = []
         # each node's run state (the SecAgg+ mod keeps its keys there)
@@ -83,6 +89,12 @@ class InProcessGrid(Grid):
             ids.append(message.object_id)
             self.requests.append(message)
             node = message.metadata.dst_node_id
+            if self.round >= self.unavailable.get(node, self.round + 1):
+                gone = Error(code=ErrorCode.NODE_UNAVAILABLE, reason="node unavailable")
+                reply = Message(gone, reply_to=message)
+                reply.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
+                self.replies[message.object_id] = reply
+                continue
             state = self.states.setdefault(node, RecordDict())
             context = Context(1, node, self.node_configs[node], state, self.run_config)
             try:
@@ -95,8 +107,8 @@ class InProcessGrid(Grid):
                 and message.metadata.message_type == protocol.TRAIN
             ):
                 request = protocol.read_request(message.content)
-                if (request.round, request.client) in self.lose:
-                    continue
+                if any((request.round, client) in self.lose for client in request.clients):
+                    continue  # the node's reply, for all the clients it carries
             self.replies[message.object_id] = reply
         if self.round == self.stop_in:
             raise ServerStopped(f"the server stopped in round {self.round}, its requests served")

@@ -13,7 +13,7 @@ quantisation error.
 taciturn's part, and how [secagg] maps onto the workflow:
 * one node per picked client: SecAgg+ hides one node's update from the server, so under [secagg]
   each node hosts one client (a node with several would see all of theirs: refused).
-* the train request rides in the workflow's FitIns (``fitins.config``: protocol.py's fields); the
+* the train request (of the node's one client) rides in the workflow's FitIns (``fitins.config``); the
   node answers a FitRes with the uplink's arrays in name order and n_k as ``num_examples``, which
   the mod quantises and masks.
 * every message of the four stages is metered into the ledger's ``wire_bytes`` (per client and
@@ -196,7 +196,7 @@ def secure_round(
                 round,
                 client,
                 Direction.DOWN,
-                len(requests[client].payload),
+                len(requests[client].payloads[0]),
                 delivered=client in grid.masked,
             )
         if client in grid.errors:

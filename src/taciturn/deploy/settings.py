@@ -2,7 +2,8 @@
 
 Run config (``[tool.flwr.app.config]`` of the app folder, or ``flwr run --run-config``):
     taciturn-config   the taciturn run config, as TOML text (the nodes read the same text)
-    out               the run directory the ServerApp writes (on the server's machine)
+    out               the run directory the ServerApp writes, a path on the server's machine
+                      (relative: to the folder the SuperLink was started in), resolved there
     overwrite         start afresh in ``out`` if it holds an earlier run (default false)
     resume            continue the run in ``out`` from its last checkpoint (default false), e.g.
                       after the server stopped: ``flwr run . --run-config resume=true``
@@ -10,13 +11,20 @@ Run config (``[tool.flwr.app.config]`` of the app folder, or ``flwr run --run-co
                       replied by then counts as dropped (default 120)
     min-nodes         at the start of each round the server waits (up to round-timeout) until
                       this many SuperNodes are connected (default 1)
+    min-trained       the floor: a round in which fewer of the picked clients trained (replied
+                      with an update or stayed silent on purpose) falls short (default 1) ...
+    patience          ... and after this many short rounds in a row the run stops with an error
+                      naming why the clients were missing (default 3)
 Node config (``flower-supernode --node-config``):
-    clients           the client (partition) ids this node hosts, e.g. "0,1" or "3"
+    clients           the client ids this node hosts, e.g. "0,1" or "3": with per-client data
+                      ([data] dataset = "clients") the ids of its own clients, in the order of its
+                      data; otherwise partition ids of the run's dataset
     state-dir         where the node keeps its clients' persistent state (survives restarts), one
                       folder per taciturn run in it (``run_folder``), so runs never share state
-    data.<key>        where this node finds its data, replacing the run's ``[data] <key>``, e.g.
-                      data.path="/srv/fmnist" or data.kwargs.path="/srv/site.npz" (a factory's
-                      argument): each node reads its own copy of the run's dataset
+    data.<key>        this node's own data, replacing the run's ``[data] <key>`` on this node:
+                      data.path="/srv/site-1" (a folder of per-client .npz files, or one file),
+                      data.factory="pkg.mod:load" with data.kwargs.<arg>=...; or, for a run over a
+                      shared dataset, where its copy is (data.path="/srv/fmnist")
 """
 
 from __future__ import annotations
@@ -80,10 +88,26 @@ def run_folder(run_config: Mapping[str, Any]) -> str:
     return "run-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def checked_min_nodes(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise DeployError(f"min-nodes must be an integer >= 1, got {value!r}")
+def checked_count(value: Any, name: str, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise DeployError(f"{name} must be an integer >= {low}, got {value!r}")
     return value
+
+
+def checked_min_nodes(value: Any) -> int:
+    return checked_count(value, "min-nodes")
+
+
+def same_version(theirs: str, who: str) -> None:
+    """Server and nodes run the same taciturn: the app folder holds no code, the installed package
+    is the code, and two versions may not compute alike. ``who``: the other end, "server" or "node N"."""
+    from taciturn import __version__
+
+    if theirs != __version__:
+        raise DeployError(
+            f"taciturn versions differ: {__version__} here, {theirs} on the {who}; install the same "
+            "version on the server and every node (docs/deploy.md, step 0)"
+        )
 
 
 @dataclass(frozen=True)
@@ -94,6 +118,8 @@ class ServerSettings:
     round_timeout: float
     min_nodes: int = 1
     resume: bool = False
+    min_trained: int = 1
+    patience: int = 3
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> ServerSettings:
@@ -107,11 +133,13 @@ class ServerSettings:
             raise DeployError("overwrite and resume are both true: start afresh, or continue; not both")
         return cls(
             run_config_of(str(_require(run_config, "taciturn-config", where))),
-            Path(str(_require(run_config, "out", where))),
+            Path(str(_require(run_config, "out", where))).expanduser().resolve(),  # on the server
             overwrite,
             timeout,
             min_nodes,
             resume,
+            checked_count(run_config.get("min-trained", 1), "min-trained", 0),
+            checked_count(run_config.get("patience", 3), "patience"),
         )
 
 

@@ -156,6 +156,37 @@ class HfData(StrictModel):
         return self
 
 
+class ClientsData(StrictModel):
+    """Data that comes per client (data/clients.py): each client's own records, none partitioned by
+    the run seed. In a deployment each node reads its own clients' data (its ``--node-config``
+    ``data.path`` or ``data.factory``) and the server reads none of it."""
+
+    dataset: Literal["clients"]
+    path: Path | None = Field(
+        None, description="a folder of .npz files, one per client (sorted by name), or one .npz file"
+    )
+    factory: str | None = Field(
+        None, pattern=IMPORT_PATH, description="package.module:callable returning one item per client"
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the factory")
+    test: Path | None = Field(
+        None,
+        description="the server's own held-out set (.npz: x_test, y_test); without it the clients "
+        "evaluate the global model on their own held-out splits (federated evaluation)",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ClientsData:
+        if (self.path is None) == (self.factory is None):
+            raise ValueError(
+                "data.dataset = 'clients' reads data.path (per-client .npz files) or data.factory "
+                "(one item per client): give exactly one"
+            )
+        if self.kwargs and self.factory is None:
+            raise ValueError("data.kwargs go with data.factory")
+        return self
+
+
 class PythonData(StrictModel):
     """Data handed to ``taciturn.run(data=...)`` as a Python object; resuming needs it again."""
 
@@ -164,7 +195,14 @@ class PythonData(StrictModel):
 
 
 DataConfig = Annotated[
-    FashionMnistData | DigitsData | SyntheticData | InstructionData | FactoryData | HfData | PythonData,
+    FashionMnistData
+    | DigitsData
+    | SyntheticData
+    | InstructionData
+    | FactoryData
+    | HfData
+    | ClientsData
+    | PythonData,
     Field(discriminator="dataset"),
 ]
 
@@ -204,8 +242,23 @@ class NaturalPartition(StrictModel):
         return None  # as many as the column has values
 
 
+class GivenPartition(StrictModel):
+    """Each client's data as it came (data.dataset = 'clients'): nothing is split by the run seed."""
+
+    kind: Literal["given"]
+
+    @property
+    def num_clients(self) -> None:
+        return None  # as many as the data has clients
+
+
 PartitionConfig = Annotated[
-    IidPartition | DirichletPartition | ShardsPartition | OneClassPartition | NaturalPartition,
+    IidPartition
+    | DirichletPartition
+    | ShardsPartition
+    | OneClassPartition
+    | NaturalPartition
+    | GivenPartition,
     Field(discriminator="kind"),
 ]
 
@@ -493,6 +546,9 @@ class RunConfig(StrictModel):
         """Tables may omit their kind: fill the default so the error messages stay about real keys.
         A table with a ``factory`` key is a plugin (model.factory = "pkg.mod:fn")."""
         if isinstance(tree, dict):
+            data = tree.get("data")
+            if isinstance(data, dict) and data.get("dataset") == "clients" and "partition" not in tree:
+                tree = {**tree, "partition": {"kind": "given"}}  # per-client data comes split
             for table, tag in (("data", "dataset"), ("model", "kind")):
                 if isinstance(tree.get(table), dict) and "factory" in tree[table] and tag not in tree[table]:
                     tree = {**tree, table: {tag: "factory", **tree[table]}}
@@ -525,6 +581,15 @@ class RunConfig(StrictModel):
             raise ValueError(
                 "model.kind = 'hf' classifies text: use data.dataset = 'hf' with a data.text column"
             )
+        if (self.partition.kind == "given") != (self.data.dataset == "clients"):
+            raise ValueError(
+                "data.dataset = 'clients' comes split per client: it goes with partition.kind = 'given' "
+                "(the default for it), and only with it"
+            )
+        if self.data.dataset == "clients" and self.model.kind in ("hf", "causal_lm"):
+            raise ValueError(
+                f"data.dataset = 'clients' holds arrays; model.kind = '{self.model.kind}' needs text"
+            )
         if self.partition.kind == "natural" and self.data.dataset not in ("hf", "factory", "python"):
             raise ValueError(
                 "partition.kind = 'natural' needs data with a client column: data.dataset = 'hf'"
@@ -535,6 +600,13 @@ class RunConfig(StrictModel):
             raise ValueError(
                 "eval.clients: client-side evaluation scores class labels and your metrics, not the "
                 "language-model task's generations; leave it at 0 with model.kind = 'causal_lm'"
+            )
+        if self.eval.clients and self.data.dataset == "clients":
+            raise ValueError(
+                "eval.clients carves a held-out split out of each partition's training data; "
+                "data.dataset = 'clients' brings each client's own held-out split, on which the run "
+                "already evaluates when there is no data.test (federated evaluation): leave "
+                "eval.clients at 0"
             )
         if self.eval.clients and (self.privacy.enabled or self.secagg.enabled):
             table = "[privacy]" if self.privacy.enabled else "[secagg]"

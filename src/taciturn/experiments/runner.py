@@ -38,8 +38,15 @@ from taciturn.engine.federation import Federation, RoundReport
 from taciturn.experiments import checkpoint, limits, memory
 from taciturn.experiments.best import BestModel, EarlyStop, check_columns
 from taciturn.experiments.client_eval import ClientEvaluation
+from taciturn.experiments.clients import ClientsSetup, on_server, simulated
 from taciturn.experiments.config import ConfigError, RunConfig, load_run_config, to_toml
-from taciturn.experiments.engine_setup import DEPLOYED, ExecutorFactory, build_federation, start_ray
+from taciturn.experiments.engine_setup import (
+    DEPLOYED,
+    ExecutorFactory,
+    build_federation,
+    refuse_undeployable,
+    start_ray,
+)
 from taciturn.experiments.export import model_record
 from taciturn.experiments.local_eval import local_scores
 from taciturn.experiments.progress import RoundProgress
@@ -63,6 +70,7 @@ from taciturn.tasks import squared_error
 from taciturn.tasks.base import ClientData, Task
 from taciturn.tasks.classification import ClassificationTask
 from taciturn.tasks.custom import CustomTask
+from taciturn.tasks.federated_eval import SiloEvaluation
 from taciturn.tasks.models import build_model
 
 if TYPE_CHECKING:  # the optional extra 'ray'
@@ -112,10 +120,14 @@ class Experiment:
 
 
 def build_task(
-    config: RunConfig, streams: Streams, objects: UserObjects | None = None
+    config: RunConfig,
+    streams: Streams,
+    objects: UserObjects | None = None,
+    clients: ClientsSetup | None = None,
 ) -> tuple[Task, ClientData]:
     """The task (model, loss, evaluation) and the federated training data a config asks for;
-    ``objects``: the model, data, loss and metrics given to ``taciturn.run`` as Python objects."""
+    ``objects``: the model, data, loss and metrics given to ``taciturn.run`` as Python objects;
+    ``clients``: per-client data as a deployment sees it (experiments/clients.py; None: read here)."""
     device = _device(config)
     if config.model.kind == "causal_lm":
         from taciturn.experiments.language import build_language_task
@@ -123,27 +135,31 @@ def build_task(
         return build_language_task(config, streams)
     objects = objects or UserObjects()
     require_objects(config, objects)
-    dataset = _dataset(config, streams, objects)
-    if dataset.num_classes == 0 and config.partition.kind not in ("iid", "natural"):
-        raise ConfigError(
-            f"[partition.kind] '{config.partition.kind}' splits by class, but the targets are not class "
-            "labels: use partition.kind = 'iid'"
+    if config.data.dataset == "clients":  # each client's own data: nothing to partition
+        clients = clients or simulated(config)
+        dataset, data = on_device(clients.probe, device), clients.data.to(device)
+    else:
+        dataset = _dataset(config, streams, objects)
+        if dataset.num_classes == 0 and config.partition.kind not in ("iid", "natural"):
+            raise ConfigError(
+                f"[partition.kind] '{config.partition.kind}' splits by class, but the targets are not "
+                "class labels: use partition.kind = 'iid'"
+            )
+        _check_partition(config, dataset)
+        part_options = config.partition.model_dump(exclude={"kind", "num_clients", "column"})
+        parts = partition(
+            dataset.y_train.numpy(),
+            config.partition.kind,
+            config.partition.num_clients,
+            streams.numpy(0, SERVER, "partition"),
+            groups=dataset.groups,
+            **part_options,
         )
-    _check_partition(config, dataset)
-    part_options = config.partition.model_dump(exclude={"kind", "num_clients", "column"})
-    parts = partition(
-        dataset.y_train.numpy(),
-        config.partition.kind,
-        config.partition.num_clients,
-        streams.numpy(0, SERVER, "partition"),
-        groups=dataset.groups,
-        **part_options,
-    )
-    held_out = None
-    if config.eval.clients:  # each client's own held-out split, out of its training data for the run
-        parts, held_out = carve(parts, config.eval.client_holdout, streams)
-    dataset = on_device(dataset, device)
-    data = FederatedData.from_parts(dataset, parts, held_out)
+        held_out = None
+        if config.eval.clients:  # each client's own held-out split, out of its training data for the run
+            parts, held_out = carve(parts, config.eval.client_holdout, streams)
+        dataset = on_device(dataset, device)
+        data = FederatedData.from_parts(dataset, parts, held_out)
     loss = user_loss(config, objects)
     squared = config.loss == "mse"
     if dataset.num_classes == 0:
@@ -185,6 +201,8 @@ def build_task(
             )
     except ValueError as error:  # a model taciturn cannot federate (see tasks/classification.py)
         raise ConfigError(f"[model] {error}") from None
+    if clients is not None:
+        task = SiloEvaluation(task, clients.evaluate, clients.note)
     return task, data
 
 
@@ -279,7 +297,7 @@ def _check_partition(config: RunConfig, dataset: ArrayDataset) -> None:
     )
 
 
-def use_buffers(config: RunConfig, algorithm: Algorithm, task: Task, deployed: bool) -> None:
+def use_buffers(config: RunConfig, algorithm: Algorithm, task: Task) -> None:
     """Tell the algorithm the model's buffers (BatchNorm statistics): averaged (``model.buffers =
     "federated"``) or kept by each client in its client state (``"local"``: FedBN, Li et al., ICLR
     2021); refuse what cannot federate them, before any work."""
@@ -297,8 +315,6 @@ def use_buffers(config: RunConfig, algorithm: Algorithm, task: Task, deployed: b
         )
     if config.analysis.enabled:
         raise ConfigError("[analysis] does not handle models with buffers (BatchNorm statistics) yet")
-    if local and deployed:
-        raise ConfigError("[model.buffers] 'local' is not supported by deployed runs yet; use 'federated'")
     algorithm.use_buffers(buffers, local)
 
 
@@ -328,15 +344,19 @@ def _prepare(
     ray_workers: RayWorkers | None,
 ) -> Experiment:
     streams = Streams(config.seed)
-    task, data = build_task(config, streams, objects)
+    if remote is not None:
+        refuse_undeployable(config)  # before the nodes are asked for anything
+    # a deployed server of per-client data learns the clients' sizes and shapes from the nodes
+    clients = on_server(config, remote) if remote is not None and config.data.dataset == "clients" else None
+    task, data = build_task(config, streams, objects, clients)
     if config.attack.active and config.attack.kind == "label_flip":
         if not isinstance(data, FederatedData):
             raise ConfigError("[attack] label_flip needs a classification dataset")
         data = flip_labels(data, pick_attackers(config.attack.fraction, data.num_clients, streams))
     algorithm = build_algorithm(config.algorithm)
     accountant = build_accountant(config, data.num_clients) if config.privacy.enabled else None
-    use_buffers(config, algorithm, task, remote is not None)
-    client_eval = _client_evaluation(config, task, data, streams, remote is not None)
+    use_buffers(config, algorithm, task)
+    client_eval = _client_evaluation(config, task, data, streams)
     if (missing := check_installed(config.tracking)) is not None:
         raise ConfigError(missing)
     ledger = ledger or Ledger()
@@ -377,17 +397,13 @@ def _prepare(
 
 
 def _client_evaluation(
-    config: RunConfig, task: Task, data: ClientData, streams: Streams, deployed: bool
+    config: RunConfig, task: Task, data: ClientData, streams: Streams
 ) -> ClientEvaluation | None:
     """[eval] clients: the global model on sampled clients' own held-out splits (in this process, so
-    with every simulated executor); deployed runs' data stays on the nodes, so they refuse it."""
+    with every simulated executor); deployed runs' data stays on the nodes, so they refuse it
+    (engine_setup.refuse_undeployable)."""
     if not config.eval.clients:
         return None
-    if deployed:
-        raise ConfigError(
-            "[eval.clients] deployed runs keep each client's data on its node; client-side evaluation "
-            "runs in simulation only for now (leave eval.clients at 0)"
-        )
     assert isinstance(data, FederatedData) and isinstance(task, ClassificationTask)
     try:
         return ClientEvaluation(config.eval.clients, task, data, streams)
@@ -420,6 +436,8 @@ def build_accountant(config: RunConfig, num_clients: int) -> Any:
 
 def _write_partition(exp: Experiment) -> None:
     hist = exp.data.histogram()
+    if hist is None:  # a deployed server of per-client data: the labels stay on the nodes
+        return
     exp.rundir.write_json(
         exp.rundir.partition,
         {
@@ -477,6 +495,9 @@ def start(
         info["device"] = str(device.current())  # what engine.device = "auto" resolved to
         if exp.accountant is not None:
             info["privacy"] = privacy_record(config, exp.accountant)
+        if note := getattr(exp.task, "evaluation", None):  # per-client data: where the model is evaluated
+            sizes = [exp.data.client_size(c) for c in range(exp.data.num_clients)]
+            info |= {"evaluation": note, "client_sizes": sizes}
         rundir.update_info(info | model_record(exp.task, exp.data))
         _write_partition(exp)
         rundir.append_jsonl(rundir.metrics, row)

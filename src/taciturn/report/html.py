@@ -68,6 +68,19 @@ def summary(rows: list[dict], metric: str = "accuracy") -> dict:
     }
 
 
+def _evaluated_on(row: dict) -> str:
+    """Where a run on per-client data evaluated its model (its metrics rows' ``eval_on``)."""
+    if row.get("eval_on") == "clients":
+        return (
+            f"Evaluated by the clients (federated evaluation): each scored the global model on its own "
+            f"held-out split; the metrics are the sample-weighted mean over {row.get('eval_samples')} "
+            f"samples on {row.get('eval_clients')} clients."
+        )
+    if row.get("eval_on") == "server":
+        return "Evaluated on the server's own held-out set ([data] test); the clients' data never left them."
+    return ""
+
+
 def write_report(rundir: RunDir) -> Path:
     from taciturn.report import lazy, plots  # matplotlib: only when a page is written
 
@@ -80,6 +93,8 @@ def write_report(rundir: RunDir) -> Path:
     parts.append(
         table(["", "value"], [[k, v] for k, v in summary(rows, metric).items()] + _run_facts(rundir))
     )
+    if note := _evaluated_on(rows[-1]):
+        parts.append(f"<p>{html.escape(note)}</p>")
     parts += [
         "<h2>Accuracy</h2>",
         image(images["accuracy"]),
