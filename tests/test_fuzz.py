@@ -289,8 +289,10 @@ def test_the_deployed_server_takes_any_undecodable_reply_as_that_nodes_failure(t
             ids = super().push_messages(messages)
             for reply in self.replies.values():
                 record = reply.content.config_records.get(protocol.RECORD) if not reply.has_error() else None
-                if record is not None and record.get("client") == 3 and record.get("payload"):
-                    record["payload"] = _deep_header()
+                if record is not None and "payloads" in record and 3 in list(record["clients"]):  # a train reply
+                    payloads = list(record["payloads"])
+                    payloads[list(record["clients"]).index(3)] = _deep_header()
+                    record["payloads"] = payloads
             return ids
 
     config = tiny_config(rounds=2, algorithm={"name": "fedavg", "fraction": 1.0})

@@ -52,6 +52,7 @@ from taciturn.experiments.local_eval import local_scores
 from taciturn.experiments.progress import RoundProgress
 from taciturn.experiments.tracking import Trackers, check_installed
 from taciturn.experiments.user import (
+    TEXT_COLUMNS,
     UserObjects,
     check_fit,
     check_metrics,
@@ -588,7 +589,11 @@ def _evaluate(
             f"evaluating the global model after round {counters['round']} failed: "
             f"{type(error).__name__}: {error}"
         ) from None
-    bad = [k for k, v in scores.items() if not isinstance(v, int | float) or isinstance(v, bool)]
+    bad = [
+        k
+        for k, v in scores.items()
+        if k not in TEXT_COLUMNS and (not isinstance(v, int | float) or isinstance(v, bool))
+    ]
     if bad:
         raise RunFailed(f"evaluation gave {bad[0]} = {scores[bad[0]]!r}, not a number")
     up, down = exp.ledger.totals(Direction.UP), exp.ledger.totals(Direction.DOWN)

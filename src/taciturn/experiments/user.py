@@ -30,11 +30,13 @@ RESERVED_COLUMNS = frozenset(
         *("round", "loss", "train_loss", "clients", "rejected", "failed", "skipped", "wall_s"),
         *("bytes_up", "bytes_down", "messages_up", "messages_down", "delivered_up", "delivered_down"),
         *("epsilon", "nominal_epsilon", "clip_norm", "clipped", "divergence", "weight_change"),
-        *("ntk_change", "eval_clients", "eval_samples"),
+        *("ntk_change", "eval_clients", "eval_samples", "eval_on"),
         *("linearization_rmse", "centralized_output_rmse", "centralized_param_rmse"),
         *("centralized_loss", "centralized_accuracy", "centralized_train_loss"),
     }
 )
+# The one text column: where a run on per-client data evaluated (tasks/federated_eval.py)
+TEXT_COLUMNS = frozenset({"eval_on"})
 # FedBN's own-model scores, the centralized twin, client-side evaluation ([eval] clients)
 RESERVED_PREFIXES = ("local_", "centralized_", "client_")
 
