@@ -289,7 +289,8 @@ def test_the_deployed_server_takes_any_undecodable_reply_as_that_nodes_failure(t
             ids = super().push_messages(messages)
             for reply in self.replies.values():
                 record = reply.content.config_records.get(protocol.RECORD) if not reply.has_error() else None
-                if record is not None and "payloads" in record and 3 in list(record["clients"]):  # a train reply
+                # a train reply (one per node) that carries client 3's update
+                if record is not None and "payloads" in record and 3 in list(record["clients"]):
                     payloads = list(record["payloads"])
                     payloads[list(record["clients"]).index(3)] = _deep_header()
                     record["payloads"] = payloads
