@@ -60,6 +60,7 @@ from protocol import (
     paired,
     protocol_lines,
     replace_section,
+    save_figure,
     select,
     trailing_mean,
 )
@@ -689,11 +690,7 @@ def plot_pareto(name: str, front: dict[str, list[dict]], path: Path) -> Path:
     )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 # ----- docs -----

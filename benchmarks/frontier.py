@@ -81,6 +81,7 @@ from protocol import (
     paired,
     protocol_lines,
     replace_section,
+    save_figure,
     select,
     trailing_mean,
 )
@@ -595,11 +596,7 @@ def plot(name: str, res: Mapping[str, Any], path: Path) -> Path:
     )
     right.grid(alpha=0.3, axis="y")
     right.legend(fontsize=7)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 # ----- docs -----

@@ -473,6 +473,17 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def save_figure(fig, path: Path, dpi: int = 110) -> Path:
+    """Lay out a matplotlib figure, write it to ``path`` (its folder made) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def replace_section(name: str, body: str, title: str, path: Path = DOCS) -> Path:
     """Replace the text between ``<!-- name:begin -->`` and ``<!-- name:end -->`` (appended under
     ``## title`` if absent); everything outside the markers is written by hand and kept."""

@@ -57,6 +57,7 @@ from protocol import (
     paired,
     protocol_lines,
     replace_section,
+    save_figure,
     seeds_for_power,
     t_interval,
 )
@@ -571,11 +572,7 @@ def plot_theory(scale: Scale, theory: dict, path: Path) -> Path:
     fig.suptitle(
         "Theory-faithful: MLP 784-n-n-1, NTK parameterisation, squared loss, full-batch GD", fontsize=11
     )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_practical(scale: Scale, runs: dict[str, dict], practical: dict, path: Path) -> Path:
@@ -618,11 +615,7 @@ def plot_practical(scale: Scale, runs: dict[str, dict], practical: dict, path: P
     ax_gap.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax_gap.grid(alpha=0.3)
     ax_gap.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 # ----- tables and docs -----

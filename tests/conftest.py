@@ -77,3 +77,30 @@ def forge_manifest(run) -> None:
             entry |= {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     tree.pop("mac", None)
     path.write_text(json.dumps(tree))
+
+
+def capture_uplinks(algorithm) -> dict:
+    """Wraps algorithm.accumulate so that every arrival's tensors land in the returned dict, by
+    client (later rounds overwrite earlier ones); the algorithm aggregates as before."""
+    captured = {}
+    original = algorithm.accumulate
+
+    def capture(arrivals):
+        captured.update({a.client: a.message.tensors() for a in arrivals})
+        return original(arrivals)
+
+    algorithm.accumulate = capture
+    return captured
+
+
+# A benchmarks/event_admm.py setting that runs in a second: digits, 10 one-class clients, a tiny MLP.
+TINY_EVENT_ADMM_SETTING = {
+    "name": "T",
+    "quick": True,
+    "rounds": 3,
+    "data": {"dataset": "digits"},
+    "partition": {"kind": "one_class", "num_clients": 10},
+    "model": {"kind": "mlp", "hidden": [8]},
+    "local": {"epochs": 1, "batch_size": 64, "lr": 0.05, "momentum": 0.0},
+    "mu": 0.01,
+}

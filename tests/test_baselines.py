@@ -10,7 +10,7 @@ from taciturn.algorithms.fedavg import FedAvg, FedAvgConfig
 from taciturn.algorithms.fedprox import FedProx, FedProxConfig
 from taciturn.algorithms.scaffold import Scaffold, ScaffoldConfig
 from taciturn.core import Message
-from tests.conftest import tiny_config
+from tests.conftest import capture_uplinks, tiny_config
 from tests.quadratic import ExactXUpdate, federation, least_squares_data, optimum, run, start
 
 FULL_BATCH = {"steps": 10, "batch_size": 10_000, "lr": 0.02}
@@ -87,14 +87,7 @@ def test_scaffold_option_two_equals_the_paper_formula_for_plain_sgd():
     state = run(fed, start(scaffold, data), 3)  # non-zero c and c_i by now
     before = {c: fed.executor.pipeline.store.get(c)["c/w"].clone() for c in range(5)}
     x, c = state.params["w"].clone(), state.control["w"].clone()
-    captured = {}
-    original = scaffold.accumulate
-
-    def capture(arrivals):
-        captured.update({a.client: a.message.tensors() for a in arrivals})
-        return original(arrivals)
-
-    scaffold.accumulate = capture
+    captured = capture_uplinks(scaffold)
     fed.run_round(state, 4)
     for client, msg in captured.items():
         y = x + msg["dy/w"]

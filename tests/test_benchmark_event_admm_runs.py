@@ -9,17 +9,9 @@ import json
 import pytest
 
 from tests.benchmark_module import load_benchmark
+from tests.conftest import TINY_EVENT_ADMM_SETTING
 
-TINY = {
-    "name": "T",
-    "quick": True,
-    "rounds": 3,
-    "data": {"dataset": "digits"},
-    "partition": {"kind": "one_class", "num_clients": 10},
-    "model": {"kind": "mlp", "hidden": [8]},
-    "local": {"epochs": 1, "batch_size": 64, "lr": 0.05, "momentum": 0.0},
-    "mu": 0.01,
-}
+TINY = TINY_EVENT_ADMM_SETTING
 
 
 @pytest.fixture

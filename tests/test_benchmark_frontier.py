@@ -11,6 +11,7 @@ import pytest
 
 from taciturn.experiments import types
 from tests.benchmark_module import load_benchmark
+from tests.conftest import TINY_EVENT_ADMM_SETTING
 
 frontier = load_benchmark("frontier")
 ea = frontier.ea
@@ -347,16 +348,7 @@ def test_a_run_stored_by_event_admm_is_read_back_by_the_frontier_and_a_compresse
 ):
     monkeypatch.setattr(ea, "RUNS", tmp_path / "runs" / "event_admm")
     monkeypatch.setattr(ea, "RESULTS", tmp_path / "results")
-    tiny = {
-        "name": "T",
-        "quick": True,
-        "rounds": 2,
-        "data": {"dataset": "digits"},
-        "partition": {"kind": "one_class", "num_clients": 10},
-        "model": {"kind": "mlp", "hidden": [8]},
-        "local": {"epochs": 1, "batch_size": 64, "lr": 0.05, "momentum": 0.0},
-        "mu": 0.01,
-    }
+    tiny = TINY_EVENT_ADMM_SETTING | {"rounds": 2}
     fedavg = {"method": "fedavg", "compressor": "none", "fraction": 0.5}
     made = ea.run_one(tiny, ea.Spec("fedavg", (("fraction", 0.5), ("lr", 0.05)), 0))  # event_admm.py's
     mine = tiny | {"benchmark": "frontier", "shares": ("event_admm",)}

@@ -190,6 +190,20 @@ def test_a_generated_block_is_replaced_and_the_text_around_it_kept(tmp_path):
     assert protocol.markdown_table(["a", "b"], [[1, 2]]) == "| a | b |\n|---|---|\n| 1 | 2 |"
 
 
+def test_a_saved_figure_is_a_png_in_a_made_folder_and_is_closed(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    path = protocol.save_figure(fig, tmp_path / "img" / "a.png")
+    assert path == tmp_path / "img" / "a.png"
+    assert path.read_bytes().startswith(b"\x89PNG")
+    assert not plt.fignum_exists(fig.number)
+
+
 def test_a_t_interval_that_excludes_zero_is_no_claim_where_the_signed_ranks_disagree():
     """Issue 42's FedQ-B against UCB-B over ten MDP instances: the t-interval ends at -0.009, 6 of 10
     instances agree, Wilcoxon p = 0.084: no conclusion. With five seeds Wilcoxon cannot reject (its

@@ -133,17 +133,22 @@ def test_sampling_and_triggers_together_by_hand():
     assert all(algorithm.seen[(2, c)] == pytest.approx([0.15, 0.2]) for c in second)
 
 
+class ExactEventADMM(ExactXUpdate, EventADMM):
+    pass
+
+
+def exact_run(data, rounds: int, drop: float = 0.0, **config):
+    """Event-ADMM with exact x-updates (rho = 2, Delta = 0.05 unless config says otherwise) for
+    `rounds` rounds over a channel that drops `drop` of each link: its ledger and last state."""
+    algorithm = ExactEventADMM(EventADMMConfig(**({"rho": 2.0, "delta": 0.05} | config)))
+    fed = federation(algorithm, data, drop_up=drop, drop_down=drop)
+    return fed.executor.pipeline.channel.ledger, run(fed, start(algorithm, data), rounds)
+
+
 def test_a_common_start_saves_the_round_one_broadcast_and_nothing_else_changes():
     data = least_squares_data()
-
-    def ledger(start_rule):
-        algorithm = ExactEventADMM(EventADMMConfig(rho=2.0, delta=0.05, delta_z=0.01, start=start_rule))
-        fed = federation(algorithm, data)
-        state = run(fed, start(algorithm, data), 20)
-        return fed.executor.pipeline.channel.ledger, state
-
-    common, z_common = ledger("common")
-    broadcast, z_broadcast = ledger("broadcast")
+    common, z_common = exact_run(data, 20, delta_z=0.01, start="common")
+    broadcast, z_broadcast = exact_run(data, 20, delta_z=0.01, start="broadcast")
     assert broadcast.round_totals(1, Direction.DOWN).messages_sent == 5
     assert common.round_totals(1, Direction.DOWN).messages_sent == 0
     assert common.rows(range(1, 21)) == [
@@ -152,36 +157,20 @@ def test_a_common_start_saves_the_round_one_broadcast_and_nothing_else_changes()
     assert torch.equal(z_common.z["w"], z_broadcast.z["w"])  # z^0 held either way: the same run
 
 
-class ExactEventADMM(ExactXUpdate, EventADMM):
-    pass
-
-
 def test_with_everyone_sampled_the_per_agent_trigger_sends_what_the_broadcast_sends():
     data = least_squares_data()
-
-    def go(downlink):
-        algorithm = ExactEventADMM(EventADMMConfig(rho=2.0, delta=0.05, delta_z=0.02, downlink=downlink))
-        fed = federation(algorithm, data)
-        state = run(fed, start(algorithm, data), 40)
-        return fed.executor.pipeline.channel.ledger.rows(), state.z["w"]
-
-    (rows_paper, z_paper), (rows_ours, z_ours) = go("broadcast"), go("per_client")
-    assert rows_ours == rows_paper and torch.equal(z_ours, z_paper)
-    downs = sum(r["messages_sent"] for r in rows_paper if r["direction"] == "down")
+    paper, z_paper = exact_run(data, 40, delta_z=0.02, downlink="broadcast")
+    ours, z_ours = exact_run(data, 40, delta_z=0.02, downlink="per_client")
+    assert ours.rows() == paper.rows() and torch.equal(z_ours.z["w"], z_paper.z["w"])
+    downs = sum(r["messages_sent"] for r in paper.rows() if r["direction"] == "down")
     assert 5 < downs < 5 * 40  # the trigger did stay silent in some rounds
 
 
 def test_changes_on_the_uplink_are_the_same_algorithm_as_full_vectors():
     data = least_squares_data()
-
-    def go(uplink):
-        algorithm = ExactEventADMM(EventADMMConfig(rho=2.0, delta=0.05, delta_z=0.01, uplink=uplink))
-        fed = federation(algorithm, data, drop_up=0.2, drop_down=0.2)
-        state = run(fed, start(algorithm, data), 40)
-        return fed.executor.pipeline.channel.ledger.rows(), state
-
-    (rows_full, full), (rows_change, change) = go("full"), go("change")
-    assert rows_change == rows_full  # the same messages, the same bytes (both dense)
+    ledger_full, full = exact_run(data, 40, drop=0.2, delta_z=0.01, uplink="full")
+    ledger_change, change = exact_run(data, 40, drop=0.2, delta_z=0.01, uplink="change")
+    assert ledger_change.rows() == ledger_full.rows()  # the same messages, the same bytes (both dense)
     torch.testing.assert_close(change.z["w"], full.z["w"], rtol=0, atol=1e-12)
     torch.testing.assert_close(change.copies["w"], full.copies["w"], rtol=0, atol=1e-12)
 

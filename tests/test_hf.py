@@ -30,17 +30,7 @@ def tiny_classifier(tmp_path_factory):
         tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]"
     )
     fast.save_pretrained(folder)
-    config = transformers.BertConfig(
-        vocab_size=len(WORDS),
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=16,
-        num_labels=2,
-    )
-    torch.manual_seed(0)
-    transformers.BertForSequenceClassification(config).save_pretrained(folder)
+    tiny_bert(vocab_size=len(WORDS), initializer_range=0.02).save_pretrained(folder)  # BERT's own init
     return folder
 
 
@@ -147,16 +137,17 @@ def test_missing_model_folder_fails_before_work(tmp_path, tiny_classifier):
 
 
 # ----- Hugging Face models given as objects: taciturn.run(model=...) (issue 44) -----
-def tiny_bert(seed=0):
+def tiny_bert(seed=0, vocab_size=12, initializer_range=0.5):
+    """initializer_range 0.5: weights large enough that the padding mask moves the loss."""
     config = transformers.BertConfig(
-        vocab_size=12,
+        vocab_size=vocab_size,
         hidden_size=16,
         num_hidden_layers=1,
         num_attention_heads=2,
         intermediate_size=32,
         max_position_embeddings=16,
         num_labels=2,
-        initializer_range=0.5,  # weights large enough that the padding mask moves the loss
+        initializer_range=initializer_range,
     )
     torch.manual_seed(seed)
     return transformers.BertForSequenceClassification(config)

@@ -34,9 +34,11 @@ def _work_started(target):
     return started
 
 
-def _refused(error: Exception, variable: str) -> None:
-    """The message says the limit and how to raise it."""
-    message = str(error)
+def _refused(config, run, match: str, variable: str) -> None:
+    """Starting the run fails with a ConfigError whose message says the limit and how to raise it."""
+    with pytest.raises(ConfigError, match=match) as refused:
+        types.start(config, run, progress=False)
+    message = str(refused.value)
     assert "limit" in message and f"export {variable}=" in message, message
 
 
@@ -46,9 +48,7 @@ def test_thousands_of_workers_are_refused_before_any_fork(monkeypatch, tmp_path)
     machine. Any fork here fails the test instead of forking."""
     _no_work(monkeypatch, "os.fork", "multiprocessing.process.BaseProcess.start")
     config = tiny_config(engine={"executor": "parallel", "workers": 4096})
-    with pytest.raises(ConfigError, match=r"\[engine.workers\] is 4,096") as refused:
-        types.start(config, tmp_path / "run", progress=False)
-    _refused(refused.value, "TACITURN_MAX_WORKERS")
+    _refused(config, tmp_path / "run", r"\[engine.workers\] is 4,096", "TACITURN_MAX_WORKERS")
     assert not (tmp_path / "run").exists()
     monkeypatch.setenv("TACITURN_MAX_WORKERS", "5000")  # raised: the bound lets it through (to the fork)
     with pytest.raises(AssertionError, match="work started"):
@@ -85,9 +85,7 @@ def test_a_hundred_million_threads_are_refused_not_aborted_in_openmp(tmp_path):
 def test_a_billion_clipping_iterations_are_refused(monkeypatch, tmp_path):
     _no_work(monkeypatch, "taciturn.engine.federation.Federation.run_round")
     config = tiny_config(aggregation={"kind": "centered_clip", "iterations": 10**9})
-    with pytest.raises(ConfigError, match=r"\[aggregation.iterations\]") as refused:
-        types.start(config, tmp_path / "run", progress=False)
-    _refused(refused.value, "TACITURN_MAX_ITERATIONS")
+    _refused(config, tmp_path / "run", r"\[aggregation.iterations\]", "TACITURN_MAX_ITERATIONS")
 
 
 def test_a_hundred_million_classes_are_refused_before_any_sample_is_drawn(monkeypatch, tmp_path):
@@ -95,17 +93,13 @@ def test_a_hundred_million_classes_are_refused_before_any_sample_is_drawn(monkey
     with pytest.raises(ConfigError, match="num_classes = 100,000,000 is more than num_samples"):
         tiny_config(data={"dataset": "synthetic", "num_classes": 10**8})
     config = tiny_config(data={"dataset": "synthetic", "num_classes": 10**8, "num_samples": 10**8})
-    with pytest.raises(ConfigError, match=r"\[data.num_classes\]") as refused:
-        types.start(config, tmp_path / "run", progress=False)
-    _refused(refused.value, "TACITURN_MAX_CLASSES")
+    _refused(config, tmp_path / "run", r"\[data.num_classes\]", "TACITURN_MAX_CLASSES")
 
 
 def test_a_billion_clients_are_refused_before_the_partition(monkeypatch, tmp_path):
     _no_work(monkeypatch, "taciturn.experiments.runner.partition")
     config = tiny_config(partition={"kind": "dirichlet", "num_clients": 10**9})
-    with pytest.raises(ConfigError, match=r"\[partition\] 1,000,000,000 clients") as refused:
-        types.start(config, tmp_path / "run", progress=False)
-    _refused(refused.value, "TACITURN_MAX_MEMORY_GIB")
+    _refused(config, tmp_path / "run", r"\[partition\] 1,000,000,000 clients", "TACITURN_MAX_MEMORY_GIB")
 
 
 MEMORY = {
@@ -143,9 +137,7 @@ def test_every_run_type_checks_its_memory_before_allocating(monkeypatch, tmp_pat
     tree, first_work = MEMORY[kind]
     _no_work(monkeypatch, first_work)
     config = types.validate_tree(tree, "<test>")
-    with pytest.raises(ConfigError, match="needs at least") as refused:
-        types.start(config, tmp_path / "run", progress=False)
-    _refused(refused.value, "TACITURN_MAX_MEMORY_GIB")
+    _refused(config, tmp_path / "run", "needs at least", "TACITURN_MAX_MEMORY_GIB")
     assert not (tmp_path / "run").exists()
 
 

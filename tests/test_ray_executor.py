@@ -49,31 +49,33 @@ def cluster(tmp_path_factory):
     previous = signal.signal(signal.SIGALRM, _timeout)
     signal.alarm(MODULE_LIMIT_S)
     env = pytest.MonkeyPatch()
-    env.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # for the node processes Ray starts
-    ray._private.ray_constants.ENABLE_RAY_CLUSTER = False  # for this one: loopback addresses
-    temp = tmp_path_factory.mktemp("ray")
-    # Ray records the head's address in $RAY_TMPDIR/ray/ray_current_cluster (default /tmp/ray),
-    # a folder it does not create: keep it inside this test's own temporary folder.
-    (temp / "ray").mkdir()
-    env.setenv("RAY_TMPDIR", str(temp))
-    nodes = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 1,
-            "gcs_server_port": _free_port(),  # ports of its own: other Ray instances may run here
-            "dashboard_agent_listen_port": _free_port(),
-            "include_dashboard": False,
-            "temp_dir": str(temp),
-            "resources": {"taciturn_head": 1},
-        },
-    )
-    try:
+    nodes = None
+    try:  # whatever fails from here on, the alarm, the environment and any node started are undone
+        env.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # for the node processes Ray starts
+        env.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)  # this one: loopback
+        temp = tmp_path_factory.mktemp("ray")
+        # Ray records the head's address in $RAY_TMPDIR/ray/ray_current_cluster (default /tmp/ray),
+        # a folder it does not create: keep it inside this test's own temporary folder.
+        (temp / "ray").mkdir()
+        env.setenv("RAY_TMPDIR", str(temp))
+        nodes = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 1,
+                "gcs_server_port": _free_port(),  # ports of its own: other Ray instances may run here
+                "dashboard_agent_listen_port": _free_port(),
+                "include_dashboard": False,
+                "temp_dir": str(temp),
+                "resources": {"taciturn_head": 1},
+            },
+        )
         nodes.add_node(num_cpus=1, resources={"taciturn_worker": 1}, dashboard_agent_listen_port=_free_port())
         ray.init(address=nodes.address, logging_level="ERROR", log_to_driver=False)
         yield nodes
     finally:
         ray.shutdown()
-        nodes.shutdown()
+        if nodes is not None:
+            nodes.shutdown()
         env.undo()
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)

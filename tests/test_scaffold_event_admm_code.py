@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from taciturn.algorithms.scaffold import Scaffold, ScaffoldConfig
+from tests.conftest import capture_uplinks
 from tests.quadratic import federation, least_squares_data, run, start
 
 LOCAL = {"epochs": 4, "batch_size": 10_000, "lr": 0.02}  # 4 full-batch steps: K = 4 epochs
@@ -18,14 +19,7 @@ def one_round(option: str, fraction: float = 0.6):
     state = run(fed, start(scaffold, data), 2)  # non-zero c and c_i by now
     store = fed.executor.pipeline.store
     before = {c: store.get(c)["c/w"].clone() for c in range(5) if store.get(c) is not None}
-    captured = {}
-    original = scaffold.accumulate
-
-    def capture(arrivals):
-        captured.update({a.client: a.message.tensors() for a in arrivals})
-        return original(arrivals)
-
-    scaffold.accumulate = capture
+    captured = capture_uplinks(scaffold)
     after, _ = fed.run_round(state, 3)
     return data, state, after, before, captured, store
 

@@ -144,7 +144,7 @@ def run(
     """
     objects = _objects(model, data, loss, metrics)
     out = _path(out, "out")
-    overwrite, report = (_flag(v, n) for v, n in ((overwrite, "overwrite"), (report, "report")))
+    overwrite, report = _flag(overwrite, "overwrite"), _flag(report, "report")
     progress = show_progress() if progress is None else _flag(progress, "progress")
     tree, source = _tree(config)
     given = _any(objects)
@@ -178,8 +178,8 @@ def resume(
     if path is None:
         raise ConfigError("run_dir= is the run directory to resume")
     progress = show_progress() if progress is None else _flag(progress, "progress")
-    flags = {n: _flag(v, n) for n, v in (("report", report), ("trust_code", trust_code))}
-    rundir = types.resume(path, progress=progress, **flags, **options)
+    report, trust_code = _flag(report, "report"), _flag(trust_code, "trust_code")
+    rundir = types.resume(path, report=report, progress=progress, trust_code=trust_code, **options)
     return Result(rundir.path, objects)
 
 
@@ -196,5 +196,13 @@ def export(
     """Write the run's global model (of its last checkpoint, of ``round``, or with ``best`` the best
     one kept): a safetensors state_dict for ``model.load_state_dict``, or a Hugging Face
     ``save_pretrained`` folder ("hf"); ``trust_code`` as for ``resume`` (only "hf" builds the model)."""
-    flags = [_flag(v, n) for v, n in ((overwrite, "overwrite"), (best, "best"), (trust_code, "trust_code"))]
-    return _export(run_dir, out, format, round, model, *flags)
+    return _export(
+        run_dir,
+        out,
+        format,
+        round,
+        model,
+        overwrite=_flag(overwrite, "overwrite"),
+        best=_flag(best, "best"),
+        trust_code=_flag(trust_code, "trust_code"),
+    )

@@ -39,6 +39,5 @@ class FedProx(FedAvg):
         return work
 
     def objective(self, loss: Loss, params: Params, batch: Any, consts: Consts) -> torch.Tensor:
-        anchor = consts["anchor"]
-        weights = {k: params[k] for k in anchor}
-        return loss(params, batch) + 0.5 * self.config.mu * sq_distance(weights, anchor)
+        # over the anchor's tensors (the weights): sq_distance iterates over its first argument's keys
+        return loss(params, batch) + 0.5 * self.config.mu * sq_distance(consts["anchor"], params)

@@ -183,8 +183,8 @@ class Scaffold(Algorithm):
 
     def objective(self, loss: Loss, params: Params, batch: Any, consts: Consts) -> torch.Tensor:
         # d/dy <y, c - c_i> = c - c_i: the corrected step of Alg. 1, line 10 (weights only).
-        correction = consts["correction"]
-        return loss(params, batch) + dot({k: params[k] for k in correction}, correction)
+        # dot iterates over its first argument's keys: the correction's, the weights
+        return loss(params, batch) + dot(consts["correction"], params)
 
     def client_end(self, ctx: ClientContext, work: LocalTraining, result: TrainResult) -> ClientOutput:
         x, c_i = work.params, work.consts["c_i"]

@@ -142,6 +142,27 @@ def _float32_at_least(values: np.ndarray) -> np.ndarray:
     return rounded
 
 
+def _groups(size: int, group: int) -> int:
+    """How many groups of ``group`` values hold ``size`` values (the last one zero-padded)."""
+    return -(-size // group)
+
+
+def _grouped(x: np.ndarray, group: int) -> np.ndarray:
+    """``x`` zero-padded to whole groups, one group of ``group`` values a row, in float64."""
+    padded = np.zeros(_groups(x.size, group) * group)
+    padded[: x.size] = x
+    return padded.reshape(-1, group)
+
+
+def _per_value(scales: np.ndarray, group: int, size: int) -> np.ndarray:
+    """Each group's scale (a block's absmax, a bucket's norm) repeated for its values, in float64."""
+    return np.repeat(scales.astype(np.float64), group)[:size]
+
+
+def _bad_scales(scales: np.ndarray) -> bool:
+    return not np.isfinite(scales).all() or bool((scales < 0).any())
+
+
 class BlockQuant(Compressor):
     """int8 / int4 codes with one float32 absmax scale per block (see the module docstring)."""
 
@@ -153,14 +174,8 @@ class BlockQuant(Compressor):
         self.levels = (1 << (bits - 1)) - 1  # L: codes in [-L, L]
         self.unbiased = rounding == "stochastic"
 
-    def _blocks(self, size: int) -> int:
-        return -(-size // self.block)
-
     def encode(self, x, draw):
-        n, blocks = x.size, self._blocks(x.size)
-        padded = np.zeros(blocks * self.block)
-        padded[:n] = x
-        grouped = padded.reshape(blocks, self.block)
+        n, grouped = x.size, _grouped(x, self.block)
         scale = _float32_at_least(np.abs(grouped).max(axis=1) / self.levels)
         safe = np.where(scale > 0, scale, 1.0).astype(np.float64)
         q = (grouped / safe[:, None]).reshape(-1)[:n]
@@ -176,8 +191,7 @@ class BlockQuant(Compressor):
             if self.bits == 8
             else _unpack(parts["q"], self.bits, size) - self.levels
         )
-        scale = np.repeat(parts["s"].astype(np.float64), self.block)[:size]
-        return (q * scale).astype(dtype)
+        return (q * _per_value(parts["s"], self.block, size)).astype(dtype)
 
     def layout(self, size, dtype):
         codes = (
@@ -185,12 +199,12 @@ class BlockQuant(Compressor):
             if self.bits == 8
             else ((_packed_length(size, 4),), np.dtype(np.uint8))
         )
-        return {"q": codes, "s": ((self._blocks(size),), np.dtype(np.float32))}
+        return {"q": codes, "s": ((_groups(size, self.block),), np.dtype(np.float32))}
 
     def problem(self, parts, size):
         if self.bits == 8 and (parts["q"] == -128).any():
             return "int8 code -128 is outside [-127, 127]"
-        if not np.isfinite(parts["s"]).all() or (parts["s"] < 0).any():
+        if _bad_scales(parts["s"]):
             return "block scales must be finite and non-negative"
         return None
 
@@ -203,14 +217,8 @@ class QSGD(Compressor):
         self.s, self.bucket = levels, bucket
         self.width = next(w for w in (2, 4, 8, 16) if (1 << w) > 2 * levels)  # 2s + 1 signed levels
 
-    def _buckets(self, size: int) -> int:
-        return -(-size // self.bucket)
-
     def encode(self, x, draw):
-        n, buckets = x.size, self._buckets(x.size)
-        padded = np.zeros(buckets * self.bucket)
-        padded[:n] = x
-        grouped = padded.reshape(buckets, self.bucket)
+        n, grouped = x.size, _grouped(x, self.bucket)
         norms = _float32_at_least(np.linalg.norm(grouped, axis=1))
         safe = np.where(norms > 0, norms, 1.0).astype(np.float64)
         r = (np.abs(grouped) / safe[:, None] * self.s).reshape(-1)[:n]  # |v_i| s / ||v|| in [0, s]
@@ -221,19 +229,18 @@ class QSGD(Compressor):
 
     def decode(self, parts, size, dtype, draw):
         signed = _unpack(parts["q"], self.width, size) - self.s
-        norms = np.repeat(parts["n"].astype(np.float64), self.bucket)[:size]
-        return (norms * signed / self.s).astype(dtype)
+        return (_per_value(parts["n"], self.bucket, size) * signed / self.s).astype(dtype)
 
     def layout(self, size, dtype):
         return {
             "q": ((_packed_length(size, self.width),), _code_dtype(self.width)),
-            "n": ((self._buckets(size),), np.dtype(np.float32)),
+            "n": ((_groups(size, self.bucket),), np.dtype(np.float32)),
         }
 
     def problem(self, parts, size):
         if (_unpack(parts["q"], self.width, size) > 2 * self.s).any():
             return f"QSGD levels must lie in [-{self.s}, {self.s}]"
-        if not np.isfinite(parts["n"]).all() or (parts["n"] < 0).any():
+        if _bad_scales(parts["n"]):
             return "bucket norms must be finite and non-negative"
         return None
 

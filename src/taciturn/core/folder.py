@@ -43,8 +43,8 @@ class Owner(Protocol):
     def writing(self, rel: str) -> None:
         """Told before the existing file ``rel`` is written; raises if it is not the owner's."""
 
-    def written(self, rel: str) -> None:
-        """Told after the whole file ``rel`` was written (its contents are now the owner's)."""
+    def written(self, rel: str, data: bytes) -> None:
+        """Told after the whole file ``rel`` was written with ``data`` (its contents are now the owner's)."""
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,8 @@ class _Below:
     def writing(self, rel: str) -> None:
         self.owner.writing(f"{self.prefix}/{rel}")
 
-    def written(self, rel: str) -> None:
-        self.owner.written(f"{self.prefix}/{rel}")
+    def written(self, rel: str, data: bytes) -> None:
+        self.owner.written(f"{self.prefix}/{rel}", data)
 
 
 class FolderError(TaciturnError, OSError):
@@ -316,7 +316,7 @@ class Folder:
             if sync:
                 os.fsync(f.fileno())
         if self.owner is not None:
-            self.owner.written(self.rel(rel))
+            self.owner.written(self.rel(rel), data)
 
     def write_text(self, rel: str, text: str, sync: bool = False) -> None:
         self.write_bytes(rel, text.encode(), sync)

@@ -38,7 +38,7 @@ from taciturn.data.clients import ClientSet
 from taciturn.deploy import protocol
 from taciturn.deploy.node_state import NodeStateStore
 from taciturn.deploy.settings import DeployError, NodeSettings, run_config_of, run_folder, same_version
-from taciturn.engine.local_training import keep_optimizer, split_state, train_locally
+from taciturn.engine.local_training import end_training, split_state, train_locally
 from taciturn.engine.pipeline import without_statistics
 from taciturn.engine.trust import TrustedWeights
 from taciturn.experiments.clients import Population, on_node, read_clients
@@ -104,16 +104,17 @@ def serve_client(
     client: int,
     accepted: int,
     kept: int,
-    payload: bytes,
+    received: TaciturnMessage | None,
 ) -> TaciturnMessage | None:
-    """One client's round on this node; its uplink (None: the client stays silent)."""
+    """One client's round on this node, on the downlink it ``received`` (read-only: a broadcast's
+    receivers share it, as in the simulated channel); its uplink (None: the client stays silent)."""
     algorithm = setup.algorithm
     state = store.settle(client, accepted, kept)
     own, optimizer_state = split_state(state)  # the algorithm's part; the optimizer's (when kept)
     ctx = ClientContext(
         client,
         round,
-        protocol.message_of(payload),
+        received,
         own,
         setup.data.client_size(client),
         setup.streams,
@@ -125,7 +126,7 @@ def serve_client(
     begun = algorithm.client_begin(ctx)
     if isinstance(begun, LocalTraining):
         result = train_locally(algorithm, ctx, begun, algorithm.config.local)
-        output = keep_optimizer(algorithm, ctx, algorithm.client_end(ctx, begun, result), result)
+        output = end_training(algorithm, ctx, begun, result)
     else:
         output = begun
     assert isinstance(output, ClientOutput)
@@ -154,11 +155,14 @@ def serve_request(
     setup = _setup(context, node, request.population)
     store = NodeStateStore(node.state_dir / run_folder(context.run_config))  # runs never share state
     payloads, errors = [], []
+    decoded: dict[bytes, TaciturnMessage | None] = {}  # a broadcast: the same payload for each client
     for client, accepted, kept, payload in zip(
         request.clients, request.accepted, request.kept, request.payloads, strict=True
     ):
         try:
-            uplink = serve_client(setup, store, request.round, client, accepted, kept, payload)
+            if payload not in decoded:
+                decoded[payload] = protocol.message_of(payload)
+            uplink = serve_client(setup, store, request.round, client, accepted, kept, decoded[payload])
             payloads.append(protocol.payload_of(uplink))
             errors.append("")
         except Exception as error:  # one broken client must not take the node's others with it

@@ -160,7 +160,7 @@ class GridExecutor(Executor):
         spec: Mapping[str, ArraySpec],
     ) -> RoundPart:
         self.nodes.discover()
-        payloads = {c: protocol.payload_of(downlink.get(c)) for c in clients}
+        payloads = _payloads(downlink, clients)
         hosts = self.nodes.hosts
         missing = [c for c in clients if c not in hosts]
         if missing:
@@ -285,6 +285,19 @@ class GridExecutor(Executor):
             except Exception as error:  # any decode failure (not only CodecError) is the node's failure
                 outcome[client] = ("rejected", f"malformed reply: {error}")
         return outcome
+
+
+def _payloads(downlink: Mapping[int, Message | None], clients: Sequence[int]) -> dict[int, bytes]:
+    """Each picked client's downlink payload; a broadcast (one Message object sent to many clients)
+    is encoded once, as the simulated channel encodes it (core/channel.py)."""
+    encoded: dict[int, bytes] = {}  # id of a message in ``downlink`` (alive while it is) -> its bytes
+    payloads = {}
+    for client in clients:
+        message = downlink.get(client)
+        if id(message) not in encoded:
+            encoded[id(message)] = protocol.payload_of(message)
+        payloads[client] = encoded[id(message)]
+    return payloads
 
 
 def _reasons(

@@ -48,13 +48,11 @@ from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
 from flwr.server.workflow.constant import Key as WorkflowKey
 
-from taciturn.algorithms.base import ArraySpec, Arrival
+from taciturn.algorithms.base import ArraySpec
 from taciturn.core.ledger import Direction
-from taciturn.core.message import Message
-from taciturn.core.rng import SERVER
 from taciturn.deploy import protocol
 from taciturn.deploy.protocol import GONE
-from taciturn.engine.pipeline import ClientPipeline, RoundPart
+from taciturn.engine.pipeline import ClientPipeline, RoundPart, secure_mean
 from taciturn.secagg.config import SecAggConfig
 from taciturn.secagg.quantize import levels
 
@@ -214,7 +212,5 @@ def secure_round(
     }
     part.accepted += survivors  # no train_loss: a node's statistic is as private as its update
     # the mean stands for the survivors' updates (as the simulated [secagg] does, engine/pipeline.py)
-    part.accumulated = pipeline.accumulate(
-        [Arrival(SERVER, Message(arrays, {"num_samples": len(survivors), "clients": len(survivors)}))]
-    )
+    part.accumulated = pipeline.accumulate([secure_mean(arrays, len(survivors))])
     return part

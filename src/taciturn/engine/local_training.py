@@ -12,7 +12,7 @@ The optimizer's state is fresh every round (``optimizer_state = "reset"``: what 
 do, one new optimizer per round), or kept as client state (``"keep"``): the state a client's last
 accepted round ended with (``ClientContext.optimizer_state``) is where its next starts, and the
 pipeline stores the new one under ``optimizer/`` beside the algorithm's own state, staged like it
-until the server accepts the client's update (DESIGN.md, "Acceptance"; ``keep_optimizer``).
+until the server accepts the client's update (DESIGN.md, "Acceptance"; ``end_training``).
 An algorithm may start the optimizer from a state of its own (``LocalTraining.optimizer_state``).
 
 Buffers (``ctx.buffers``: BatchNorm statistics) take no gradient and no optimizer step: the
@@ -136,11 +136,12 @@ def split_state(state: Params | None) -> tuple[Params | None, Params | None]:
     return (own if own or not kept else None), (kept or None)
 
 
-def keep_optimizer(
-    algorithm: Algorithm, ctx: ClientContext, output: ClientOutput, result: TrainResult
+def end_training(
+    algorithm: Algorithm, ctx: ClientContext, work: LocalTraining, result: TrainResult
 ) -> ClientOutput:
-    """With ``optimizer_state = "keep"``, the client's new state also holds its optimizer's, so
-    that it is staged, accepted and checkpointed with the algorithm's own."""
+    """The algorithm's ``client_end``; with ``optimizer_state = "keep"`` the client's new state also
+    holds its optimizer's, so that it is staged, accepted and checkpointed with the algorithm's own."""
+    output = algorithm.client_end(ctx, work, result)
     if algorithm.config.local.optimizer_state != "keep" or result.optimizer_state is None:
         return output
     own = output.state if output.state is not None else (ctx.state or {})

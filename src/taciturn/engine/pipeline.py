@@ -51,7 +51,7 @@ from taciturn.core.ledger import Direction
 from taciturn.core.message import Message
 from taciturn.core.rng import SERVER, Streams
 from taciturn.core.state_store import ClientState, ClientStateStore
-from taciturn.engine.local_training import keep_optimizer, split_state
+from taciturn.engine.local_training import end_training, split_state
 from taciturn.engine.trust import TrustConfig, TrustedWeights
 from taciturn.engine.validation import overflow_problem, uplink_problem
 from taciturn.privacy.gaussian import LocalGaussian
@@ -195,9 +195,7 @@ class ClientPipeline:
                 outputs[i] = self._failed(contexts[i], result)
                 continue
             try:
-                outputs[i] = keep_optimizer(
-                    algorithm, contexts[i], algorithm.client_end(contexts[i], work, result), result
-                )
+                outputs[i] = end_training(algorithm, contexts[i], work, result)
             except Exception as error:
                 outputs[i] = self._failed(contexts[i], error)
         return self._collect(round, contexts, outputs, spec)
@@ -301,8 +299,7 @@ class ClientPipeline:
             arrays[n] = mean[offset : offset + size].reshape(spec[n].shape).astype(spec[n].dtype)
             offset += size
         part.accepted += survivors
-        standing = {"num_samples": len(survivors), "clients": len(survivors)}  # equal weights
-        arrivals.append(Arrival(SERVER, Message(arrays, standing)))
+        arrivals.append(secure_mean(arrays, len(survivors)))
 
     def accumulate(self, arrivals: Sequence[Arrival]) -> Any:
         return list(arrivals) if self.per_client else self.algorithm.accumulate(arrivals)
@@ -375,6 +372,12 @@ class ClientPipeline:
             if (state := self._staged.get(client)) is not None:
                 self.store.put(client, state)
         self._staged, self._staged_round = {}, None
+
+
+def secure_mean(arrays: dict[str, np.ndarray], survivors: int) -> Arrival:
+    """The unmasked mean of a secure sum, one arrival standing for its ``survivors``' updates with
+    equal weights (the simulated [secagg] and the deployed SecAgg+ alike, deploy/secagg.py)."""
+    return Arrival(SERVER, Message(arrays, {"num_samples": survivors, "clients": survivors}))
 
 
 def without_statistics(uplink: Message) -> Message:

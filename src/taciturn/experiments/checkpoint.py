@@ -75,7 +75,8 @@ def commit(
             out.fsync(name)
         manifest: dict[str, Any] = {"files": files}
         if rundir is not None:
-            rundir.sync()  # the rows up to this checkpoint are on disk before it is
+            if rows:
+                rundir.sync()  # the rows up to this checkpoint are on disk before it is
             manifest["pinned"] = {name: fs.digest(name) for name in ("config.toml", *pinned)}
             for name in rundir.appended if rows else ():
                 size = fs.size(name) if fs.exists(name) else 0

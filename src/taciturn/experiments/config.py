@@ -6,7 +6,6 @@ names the key and the file. ``--set key=value`` overrides are applied before val
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import re
 import tomllib
@@ -427,6 +426,19 @@ class EvalConfig(StrictModel):
         return self
 
 
+def _known_direction(metric: str | None, mode: str | None) -> str | None:
+    """``mode``, or the direction ``metric``'s name tells (best.direction), so config.toml says what
+    was used; a name that tells nothing stays unresolved until its metrics column is known."""
+    from taciturn.experiments.best import direction
+
+    if metric is None:
+        return mode
+    try:
+        return direction(metric, mode)
+    except ValueError:
+        return mode
+
+
 class CheckpointConfig(StrictModel):
     every: int = Field(10, ge=1, description="write a checkpoint every k rounds (and after the last)")
     keep: int = Field(2, ge=1, description="how many recent checkpoints to keep")
@@ -439,11 +451,7 @@ class CheckpointConfig(StrictModel):
 
     @model_validator(mode="after")
     def _known_direction(self) -> CheckpointConfig:
-        from taciturn.experiments.best import direction
-
-        if self.best is not None:  # a name that tells nothing is resolved once its column is known
-            with contextlib.suppress(ValueError):
-                object.__setattr__(self, "best_mode", direction(self.best, self.best_mode))
+        object.__setattr__(self, "best_mode", _known_direction(self.best, self.best_mode))
         return self
 
 
@@ -457,11 +465,7 @@ class StopConfig(StrictModel):
 
     @model_validator(mode="after")
     def _known_direction(self) -> StopConfig:
-        from taciturn.experiments.best import direction
-
-        if self.metric is not None:  # a name that tells nothing is resolved once its column is known
-            with contextlib.suppress(ValueError):
-                object.__setattr__(self, "mode", direction(self.metric, self.mode))
+        object.__setattr__(self, "mode", _known_direction(self.metric, self.mode))
         return self
 
 

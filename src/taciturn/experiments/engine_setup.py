@@ -78,29 +78,29 @@ def refuse_undeployable(config: RunConfig) -> None:
 def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: ClientData) -> choice.Choice:
     engine = config.engine
     weighted = getattr(task, "weighted_batches", False)
-    if getattr(task, "buffers", None):
-        if engine.executor.endswith("vectorized"):
-            raise ConfigError(
-                f"[engine.executor] '{engine.executor}' trains clients under vmap, which cannot update "
-                "a model's buffers (BatchNorm statistics) per client; use 'sequential', 'parallel' or 'auto'"
-            )
-        weighted = False  # auto: no vectorized path
-    if getattr(task, "random_layers", False):
-        if engine.executor.endswith("vectorized"):
-            raise ConfigError(
-                f"[engine.executor] '{engine.executor}' trains clients under vmap, which cannot draw a "
-                "model's dropout masks per client from the run's seeded streams; use 'sequential', "
-                "'parallel' or 'auto' (or dropout p = 0)"
-            )
-        weighted = False  # auto: no vectorized path
-    if config.algorithm.local.precision == "fp16":
-        if engine.executor.endswith("vectorized"):
-            raise ConfigError(
-                f"[engine.executor] '{engine.executor}' steps every client at once, which fp16's loss "
-                "scaling cannot (it skips one client's overflowing step); use precision = 'bf16', or "
-                "'sequential', 'parallel' or 'auto'"
-            )
-        weighted = False  # auto: no vectorized path
+    # what the vectorized executor cannot do: asked for by name it is an error, under auto it is skipped
+    unvectorizable = (
+        (
+            getattr(task, "buffers", None),
+            "trains clients under vmap, which cannot update a model's buffers (BatchNorm statistics) per "
+            "client; use 'sequential', 'parallel' or 'auto'",
+        ),
+        (
+            getattr(task, "random_layers", False),
+            "trains clients under vmap, which cannot draw a model's dropout masks per client from the "
+            "run's seeded streams; use 'sequential', 'parallel' or 'auto' (or dropout p = 0)",
+        ),
+        (
+            config.algorithm.local.precision == "fp16",
+            "steps every client at once, which fp16's loss scaling cannot (it skips one client's "
+            "overflowing step); use precision = 'bf16', or 'sequential', 'parallel' or 'auto'",
+        ),
+    )
+    for present, why in unvectorizable:
+        if present:
+            if engine.executor.endswith("vectorized"):
+                raise ConfigError(f"[engine.executor] '{engine.executor}' {why}")
+            weighted = False  # auto: no vectorized path
     if engine.executor.endswith("vectorized") and not weighted:
         raise ConfigError(
             f"[engine.executor] '{engine.executor}' needs a task whose loss takes sample weights"

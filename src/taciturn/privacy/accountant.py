@@ -143,7 +143,6 @@ class Accountant:
         fraction: float,
         per_round: int,
     ):
-        self.config = config
         self.delta = config.delta
         self.noise_multiplier = noise_multiplier
         self.local = config.mode == "local"
@@ -154,15 +153,15 @@ class Accountant:
         )
         self.accountant = fresh_accountant(config)()
         self.rounds = 0
-        self._per_participation: float | None = None
 
     def epsilon(self, rounds: int) -> float:
-        if self.local:
+        if self.local:  # one participation, whatever the round: composed once
             if rounds == 0:
                 return 0.0
-            if self._per_participation is None:
-                self._per_participation = epsilon_of(self.config, self.event)
-            return self._per_participation
+            if self.rounds == 0:
+                self.accountant.compose(self.event)
+                self.rounds = 1
+            return float(self.accountant.get_epsilon(self.delta))
         if rounds < self.rounds:
             raise ValueError(f"the accountant is at round {self.rounds}; it cannot go back to {rounds}")
         if rounds == 0:

@@ -54,7 +54,9 @@ class LocalGaussian:
         names = sorted(n for n in message.arrays if n.startswith(self.prefix))
         flat = torch.cat([torch.from_numpy(message.arrays[n]).reshape(-1).double() for n in names])
         clipped, _ = clip_rows(flat[None], self.clip)
-        seeded = self.streams.torch(round, client, "dp-local")  # used only by reproducible noise
+        # the client's seeded stream is derived only for reproducible noise (not per client per round
+        # in a private run, whose noise never touches the seed)
+        seeded = self.streams.torch(round, client, "dp-local") if self.noise.reproducible else None
         noised = clipped[0] + self.noise.sample(flat.numel(), self.z * self.clip, seeded)
         arrays = dict(message.arrays)
         offset = 0

@@ -55,13 +55,11 @@ class GaussianNoise:
     def __init__(self, reproducible: bool = False):
         self.reproducible = reproducible
 
-    @property
-    def private(self) -> bool:
-        return not self.reproducible
-
-    def sample(self, size: int, std: float, seeded: torch.Generator) -> torch.Tensor:
+    def sample(self, size: int, std: float, seeded: torch.Generator | None) -> torch.Tensor:
         """``size`` draws of N(0, std^2) in float64. ``seeded`` (the run's stream for this draw) is
         used only by a reproducible run: a private run never lets the seed near its noise."""
         if self.reproducible:
+            if seeded is None:
+                raise ValueError("reproducible noise needs the run's seeded stream for this draw")
             return torch.randn(size, generator=seeded, dtype=torch.float64) * std
         return standard_normal(size) * std

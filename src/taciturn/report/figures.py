@@ -28,7 +28,6 @@ def save(fig, folder: Folder, rel: str) -> Png:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
-    if "/" in rel:
-        folder.mkdir(rel.rsplit("/", 1)[0])
-    folder.write_bytes(rel, buffer.getvalue())
-    return Png(folder.where(rel), buffer.getvalue())
+    data = buffer.getvalue()
+    folder.write_bytes(rel, data)  # makes the folders above it too, none through a link
+    return Png(folder.where(rel), data)

@@ -16,6 +16,7 @@ changes a folder whose MAC did not check never signs it: trust is not laundered 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,11 +95,14 @@ class Manifest:
             self.files.setdefault(rel, {})
         return new
 
-    def record(self, fs: Folder, rel: str, kind: str | None = None) -> None:
-        """Enter the file's digest and length as they are now; ``kind``: "appended" (a file a run
-        appends to, that may grow past them while it runs) or "scratch" (rewritten while it runs,
-        checked only once it has ended)."""
-        entry = {"sha256": fs.digest(rel), "bytes": fs.size(rel)}
+    def record(self, fs: Folder, rel: str, kind: str | None = None, data: bytes | None = None) -> None:
+        """Enter the file's digest and length as they are now (``data``: its whole contents, when the
+        caller just wrote them); ``kind``: "appended" (a file a run appends to, that may grow past
+        them while it runs) or "scratch" (rewritten while it runs, checked only once it has ended)."""
+        if data is None:
+            entry = {"sha256": fs.digest(rel), "bytes": fs.size(rel)}
+        else:
+            entry = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
         self.files[rel] = entry | ({kind: True} if kind else {})
 
     def set_appended(self, rel: str, size: int, digest: str) -> None:

@@ -132,8 +132,8 @@ class _Session:
         if not entry.get("appended") and self.listing().changed(self.fs, rel):
             raise RunDirError(_changed(self.path / rel))
 
-    def written(self, rel: str) -> None:
-        self.listing().record(self.fs, rel)
+    def written(self, rel: str, data: bytes) -> None:
+        self.listing().record(self.fs, rel, data=data)  # hashed as written, not read back
         self.dirty = True
 
     def save(self, sync: bool = False) -> None:

@@ -75,7 +75,6 @@ class ServerAggregation:
             )
         self.chain = chain
         self.algorithm = algorithm
-        self.prefix = algorithm.delta_prefix
         self.streams = streams
         self.expected = expected
         self.state: State | None = None
@@ -96,7 +95,7 @@ class ServerAggregation:
         if not arrivals and not self.chain.releases_without_input:
             return [], self.state, {}
         names = sorted(spec)
-        if uncovered := [n for n in names if not n.startswith(self.prefix)]:
+        if uncovered := [n for n in names if not n.startswith(self.algorithm.delta_prefix)]:
             raise ValueError(f"{self.algorithm.name}'s arrays {uncovered} are outside the server chain")
         # In client order, whatever the executor: rules that break ties by position (Krum's two
         # mutual nearest neighbours score alike) then pick the same update.
