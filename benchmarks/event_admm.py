@@ -299,7 +299,12 @@ def tree_of(setting: dict[str, Any], spec: Spec) -> dict[str, Any]:
 def key_of(setting: dict[str, Any], spec: Spec) -> str:
     """The run's key: its resolved config without its name (two methods with one algorithm share a
     run) and the simulation code."""
-    config = validate(tree_of(setting, spec), "benchmark event_admm")
+    return key_of_tree(tree_of(setting, spec))
+
+
+def key_of_tree(tree: dict[str, Any]) -> str:
+    """The key of a run's config tree (its name ignored) under the current simulation code."""
+    config = validate({"name": "event_admm"} | copy.deepcopy(tree), "benchmark event_admm")
     return run_key(to_toml(config.model_copy(update={"name": "event_admm"})))
 
 
@@ -307,11 +312,22 @@ def run_one(setting: dict[str, Any], spec: Spec) -> Run:
     """The run of ``spec``: read back from the runs log where its key is stored, else trained and
     appended (its rows per round, and at Delta = 0 the trigger ratios that set Delta's unit)."""
     tree = tree_of(setting, spec)
-    config = validate(copy.deepcopy(tree), f"benchmark {tree['name']}")
     key = key_of(setting, spec)
-    log = runs_log(setting)
     if (stored := stored_runs(setting).get(key)) is not None:
         return as_run(spec, tree, stored)
+    calibration = tree["algorithm"]["name"] == "event_admm" and not any(spec.thresholds)
+    folder = RUNS.parent / setting.get("benchmark", "event_admm") / tree["name"]
+    record = {"key": key} | train(tree, folder, spec.method, spec.knob, spec.seed, calibration)
+    append_run(runs_log(setting), record)
+    return as_run(spec, tree, record)
+
+
+def train(
+    tree: dict[str, Any], folder: Path, method: str, knob: str, seed: int, calibration: bool
+) -> dict[str, Any]:
+    """Train the named config ``tree`` in ``folder``: its log record without the key (a calibration
+    run, at Delta = 0, also keeps the trigger ratios that set Delta's unit)."""
+    config = validate(copy.deepcopy(tree), f"benchmark {tree['name']}")
     ratios: dict[str, list[float]] = {}
     z_changes: list[float] = []
     previous_z: dict[str, Any] = {}
@@ -326,7 +342,6 @@ def run_one(setting: dict[str, Any], spec: Spec) -> Run:
             z_changes.append(norm(sub(z, previous_z["z"])))
         previous_z["z"] = {k: v.clone() for k, v in z.items()}
 
-    folder = RUNS.parent / setting.get("benchmark", "event_admm") / tree["name"]
     started = time.perf_counter()
     rundir = start(config, folder, overwrite=True, progress=False, callbacks=(observe,))
     wall = time.perf_counter() - started
@@ -334,12 +349,14 @@ def run_one(setting: dict[str, Any], spec: Spec) -> Run:
     (folder / "client_state.bin").unlink(missing_ok=True)
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
     rows = [{name: row[name] for name in ROW_FIELDS} for row in rundir.read_metrics()]
-    calibration = tree["algorithm"]["name"] == "event_admm" and not any(spec.thresholds)
-    record = {"key": key, "name": tree.pop("name"), "method": spec.method, "knob": spec.knob}
-    record |= {"seed": spec.seed, "config": tree, "wall_s": wall, "rows": rows}
-    record |= {"ratios": ratios if calibration else {}, "z_changes": z_changes}  # a Delta = 0 run's set units
-    append_run(log, record)
-    return as_run(spec, tree, record)
+    config_tree = {k: v for k, v in tree.items() if k != "name"}
+    record = {"name": tree["name"], "method": method, "knob": knob, "seed": seed, "config": config_tree}
+    return record | {
+        "wall_s": wall,
+        "rows": rows,
+        "ratios": ratios if calibration else {},
+        "z_changes": z_changes,
+    }
 
 
 def as_run(spec: Spec, tree: dict[str, Any], record: dict[str, Any]) -> Run:

@@ -11,9 +11,9 @@ from torch import nn
 
 import taciturn
 from taciturn.core.rng import Streams
+from taciturn.deploy.settings import refuse_undeployable
 from taciturn.experiments import types
 from taciturn.experiments.config import ConfigError, load_config
-from taciturn.experiments.engine_setup import refuse_undeployable
 from taciturn.experiments.runner import build_task, prepare, resume, start
 from tests.conftest import forge_manifest, tiny_config
 from tests.test_runner import Interrupt, metrics_without_time, stop_after

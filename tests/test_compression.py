@@ -14,8 +14,8 @@ from taciturn.algorithms.fedavg import FedAvg, FedAvgConfig
 from taciturn.compression.config import CompressionConfig
 from taciturn.compression.link import DOWN, UP, Uplink
 from taciturn.core import Channel, Direction, Ledger, Message, Streams
+from taciturn.deploy.settings import refuse_undeployable
 from taciturn.experiments.config import ConfigError
-from taciturn.experiments.engine_setup import refuse_undeployable
 from taciturn.experiments.runner import resume, start
 from taciturn.privacy.gaussian import LocalGaussian
 from taciturn.privacy.noise import GaussianNoise

@@ -229,6 +229,12 @@ def test_app_folder_carries_the_config_flower_hands_the_server(tmp_path):
         write_app(tmp_path / "app", config, tmp_path / "run")
     with pytest.raises(DeployError, match="network decides"):
         write_app(tmp_path / "other", tiny_config(channel={"drop_up": 0.1}), tmp_path / "run")
+    # what only the runner refused before (one list of refusals now): the app folder is never written
+    with pytest.raises(DeployError, match="simulation only"):
+        write_app(tmp_path / "other", tiny_config(compression={"up": ["fp16"]}), tmp_path / "run")
+    with pytest.raises(DeployError, match=r"\[eval.clients\] deployed runs"):
+        write_app(tmp_path / "other", tiny_config(eval={"every": 1, "clients": 0.5}), tmp_path / "run")
+    assert not (tmp_path / "other").exists()
 
 
 def test_the_run_directory_is_resolved_on_the_server_not_where_the_run_was_submitted(tmp_path, monkeypatch):

@@ -200,6 +200,32 @@ def test_a_hugging_face_model_object_is_federated_and_comes_back_as_itself(tmp_p
         assert torch.equal(fresh.state_dict()[name], tensor)
 
 
+def test_hf_export_over_a_folder_refuses_a_link_inside_it_and_leaves_its_target_alone(tmp_path):
+    """save_pretrained writes by path: into a folder whose config.json is a link it would write the
+    link's target. Export stages the files in a folder of its own and copies them in through the
+    run-folder layer, which refuses the link; a plain folder is written, weights and all."""
+    import taciturn
+    from taciturn.core.folder import FolderError
+
+    x, y = token_data()
+    data = taciturn.data.from_tensors(x[:90], y[:90], x[90:], y[90:])
+    config = {"rounds": 1, "partition": {"kind": "iid", "num_clients": 3}, "algorithm": {"fraction": 1.0}}
+    bert = tiny_bert()
+    result = taciturn.run(config, model=bert, data=data, out=tmp_path / "run", progress=False)
+    victim = tmp_path / "elsewhere.json"
+    victim.write_text("the user's own file")
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "config.json").symlink_to(victim)
+    with pytest.raises(FolderError, match=r"config\.json"):
+        taciturn.export(result.dir, out, format="hf", model=bert, overwrite=True)
+    assert victim.read_text() == "the user's own file" and (out / "config.json").is_symlink()
+    clean = taciturn.export(result.dir, tmp_path / "clean", format="hf", model=bert)
+    reloaded = transformers.AutoModelForSequenceClassification.from_pretrained(clean)
+    for name, tensor in result.model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[name], tensor)
+
+
 def test_a_causal_lm_object_with_tied_weights_trains_on_next_tokens(tmp_path):
     """GPT-2 ties its output layer to its embedding (one parameter, two names): the held-out loss of
     a next-token loss is the model's own loss (labels = the ids), and the exported state_dict has

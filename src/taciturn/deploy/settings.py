@@ -34,11 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from taciturn.core.errors import TaciturnError
-from taciturn.experiments.config import RunConfig, set_dotted, validate
+from taciturn.experiments.config import ConfigError, RunConfig, set_dotted, validate
 
 
-class DeployError(TaciturnError):
+class DeployError(ConfigError):
     """A deployment that cannot run: a missing or malformed run or node setting."""
 
 
@@ -62,6 +61,14 @@ def run_config_of(text: str, data: tuple[tuple[str, Any], ...] = ()) -> RunConfi
     config = validate(
         tree, "<run config taciturn-config>" + (" with the node's data settings" if data else "")
     )
+    refuse_undeployable(config)
+    return config
+
+
+def refuse_undeployable(config: RunConfig) -> None:
+    """What a deployed run cannot do, refused from the config alone: when the app folder is made,
+    when the server and each node read the run config, and when the runner starts a deployed run
+    (before the server asks the nodes for anything, a per-client-data run's census included)."""
     if config.channel.drop_up or config.channel.drop_down:
         raise DeployError(
             "[channel] drop_up / drop_down simulate lost messages; in a deployment the network "
@@ -76,7 +83,29 @@ def run_config_of(text: str, data: tuple[tuple[str, Any], ...] = ()) -> RunConfi
         raise DeployError("[attack] simulates malicious clients; a deployment has only real ones: remove it")
     if config.analysis.enabled:
         raise DeployError("[analysis] needs every client's model in one process; it does not deploy")
-    return config
+    compression = config.compression
+    initial = (
+        getattr(config.algorithm, "start", None) == "common"
+        or getattr(config.algorithm, "uplink", None) == "change"
+    )
+    if compression.enabled or initial:
+        raise DeployError(
+            "[compression], algorithm.start = 'common' and algorithm.uplink = 'change' run in simulation "
+            "only: a deployed node does not compress or build the initial model yet"
+        )
+    if getattr(config.model, "buffers", "federated") == "local":
+        raise DeployError("[model.buffers] 'local' is not supported by deployed runs yet; use 'federated'")
+    if config.eval.clients:
+        raise DeployError(
+            "[eval.clients] deployed runs keep each client's data on its node; client-side evaluation "
+            "runs in simulation only for now (leave eval.clients at 0)"
+        )
+    if config.secagg.enabled and config.data.dataset == "clients" and config.data.test is None:
+        raise DeployError(
+            "[secagg] with per-client data and no data.test: federated evaluation would send each "
+            "client's exact score on its own held-out split to the server in the clear, beside the "
+            "updates SecAgg+ hides from it; give the server a held-out set (data.test)"
+        )
 
 
 def run_folder(run_config: Mapping[str, Any]) -> str:

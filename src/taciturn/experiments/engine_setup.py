@@ -47,34 +47,6 @@ ExecutorFactory = Callable[[ClientPipeline], Executor]
 DEPLOYED = "(deployed)"  # in the engine note of a run whose clients are on SuperNodes (runner.resume)
 
 
-def refuse_undeployable(config: RunConfig) -> None:
-    """What a deployed run cannot do yet, refused from the config alone: before the server asks the
-    nodes for anything (a per-client-data run's census) and before any work."""
-    compression = config.compression
-    initial = (
-        getattr(config.algorithm, "start", None) == "common"
-        or getattr(config.algorithm, "uplink", None) == "change"
-    )
-    if compression.enabled or initial:
-        raise ConfigError(
-            "[compression], algorithm.start = 'common' and algorithm.uplink = 'change' run in simulation "
-            "only: a deployed node does not compress or build the initial model yet"
-        )
-    if getattr(config.model, "buffers", "federated") == "local":
-        raise ConfigError("[model.buffers] 'local' is not supported by deployed runs yet; use 'federated'")
-    if config.eval.clients:
-        raise ConfigError(
-            "[eval.clients] deployed runs keep each client's data on its node; client-side evaluation "
-            "runs in simulation only for now (leave eval.clients at 0)"
-        )
-    if config.secagg.enabled and config.data.dataset == "clients" and config.data.test is None:
-        raise ConfigError(
-            "[secagg] with per-client data and no data.test: federated evaluation would send each "
-            "client's exact score on its own held-out split to the server in the clear, beside the "
-            "updates SecAgg+ hides from it; give the server a held-out set (data.test)"
-        )
-
-
 def choose_executor(config: RunConfig, algorithm: Algorithm, task: Task, data: ClientData) -> choice.Choice:
     engine = config.engine
     weighted = getattr(task, "weighted_batches", False)
@@ -284,9 +256,9 @@ def in_process_links(config: RunConfig) -> str:
 
 
 def links(config: RunConfig, algorithm: Algorithm, streams: Streams) -> tuple[Uplink | None, Downlink | None]:
-    """Each link's compression ([compression]; deployed runs refuse it: ``refuse_undeployable``); a
-    link that keeps client state (error memory, a reference) makes the clients stateful, so the
-    executors store it."""
+    """Each link's compression ([compression]; deployed runs refuse it: refuse_undeployable in
+    deploy/settings.py); a link that keeps client state (error memory, a reference) makes the
+    clients stateful, so the executors store it."""
     compression = config.compression
     up, down = compression.transform("up"), compression.transform("down")
     uplink = None if up is None else Uplink(up, streams)

@@ -9,6 +9,8 @@ values, and the second names of tied parameters, so that the exported state_dict
 from __future__ import annotations
 
 import copy
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +164,22 @@ def build_model_of(config: RunConfig, rundir: RunDir) -> nn.Module:
     return build_model(config.model.kind, tuple(record["input_shape"]), record["outputs"][0], **options)
 
 
+def _save_pretrained(model: Any, out: Path) -> None:
+    """``model.save_pretrained`` into a folder of taciturn's own, then each file copied into ``out``
+    through the run-folder layer: save_pretrained writes by path, which would follow a link a
+    user (or whoever prepared ``out``) left inside it; the layer refuses links at every component."""
+    with tempfile.TemporaryDirectory(prefix="taciturn-export-") as staging:
+        model.save_pretrained(staging)
+        target = as_folder(out)
+        for source in sorted(Path(staging).rglob("*")):
+            if source.is_file():
+                with (
+                    source.open("rb") as data,
+                    target.open(source.relative_to(staging).as_posix(), "wb") as sink,
+                ):
+                    shutil.copyfileobj(data, sink)
+
+
 def export(
     path: Path | str,
     out: Path | str,
@@ -192,7 +210,7 @@ def export(
             raise ConfigError(
                 f"--format hf needs a Hugging Face model; this run's is a {type(trained).__name__}"
             )
-        trained.save_pretrained(out)
+        _save_pretrained(trained, out)
         return out
     from safetensors.torch import save
 

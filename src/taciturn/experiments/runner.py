@@ -44,7 +44,6 @@ from taciturn.experiments.engine_setup import (
     DEPLOYED,
     ExecutorFactory,
     build_federation,
-    refuse_undeployable,
     start_ray,
 )
 from taciturn.experiments.export import model_record
@@ -346,6 +345,8 @@ def _prepare(
 ) -> Experiment:
     streams = Streams(config.seed)
     if remote is not None:
+        from taciturn.deploy.settings import refuse_undeployable
+
         refuse_undeployable(config)  # before the nodes are asked for anything
     # a deployed server of per-client data learns the clients' sizes and shapes from the nodes
     clients = on_server(config, remote) if remote is not None and config.data.dataset == "clients" else None
@@ -402,7 +403,7 @@ def _client_evaluation(
 ) -> ClientEvaluation | None:
     """[eval] clients: the global model on sampled clients' own held-out splits (in this process, so
     with every simulated executor); deployed runs' data stays on the nodes, so they refuse it
-    (engine_setup.refuse_undeployable)."""
+    (deploy/settings.refuse_undeployable)."""
     if not config.eval.clients:
         return None
     assert isinstance(data, FederatedData) and isinstance(task, ClassificationTask)
