@@ -2,6 +2,7 @@
 finite updates whose sum overflows. No crash, and never a non-finite model."""
 
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -203,3 +204,29 @@ def test_state_problem_walks_nested_dataclasses_and_mappings_and_ignores_integer
         state_problem({"w": torch.tensor([float("nan")])})
         == "the aggregate made w non-finite (1 NaN/Inf values)"
     )
+
+
+@pytest.mark.parametrize("feedback", ["ef21", None])
+def test_a_non_finite_update_under_compression_is_never_averaged_in_and_the_run_goes_on(tmp_path, feedback):
+    """int8 cannot encode a NaN's block scale. Without feedback the server rejects what arrives;
+    with EF21 the client rebuilds what the server would receive, and that fails on the client:
+    before, the CompressionError ended the whole run (it stopped benchmarks/frontier.py). Now that
+    client fails alone, as its ClientApp would in a deployment; its memory is not kept."""
+
+    def poison(arrays, meta):
+        return {k: np.full_like(v, np.nan) for k, v in arrays.items()}, meta
+
+    compression = {"up": ["int8"]} | ({"up_feedback": feedback} if feedback else {})
+    exp, _, _, state, report = hostile_round(tmp_path, poison, compression=compression)
+    why = r"CompressionError: array '.+': block scales must be finite and non-negative"
+    if feedback:
+        assert report.rejected == [] and [c for c, _ in report.failed] == [0]
+        assert re.fullmatch(why, report.failed[0][1])
+    else:
+        assert report.failed == [] and [c for c, _ in report.rejected] == [0]
+        assert re.fullmatch(why.removeprefix("CompressionError: "), report.rejected[0][1])
+    assert report.accepted == list(range(1, 8))
+    assert all(torch.isfinite(v).all() for v in state.params.values())
+    store = exp.federation.executor.pipeline.store
+    assert store.get(0) is None  # nothing of client 0's round kept
+    assert (store.get(1) is not None) == bool(feedback)  # an accepted client's reference copy is

@@ -225,7 +225,7 @@ class ClientPipeline:
         if self.poisoning is not None:
             uplinks = self.poisoning.forge(round, uplinks)
         if self.uplink is not None:  # last: compression is post-processing of what the client releases
-            uplinks = [(client, self._compress(round, client, uplink)) for client, uplink in uplinks]
+            uplinks = self._compress_all(part, round, {ctx.client: ctx for ctx in contexts}, uplinks, waiting)
         for client, own in waiting.items():
             if (state := self._full_state(client, own, spec)) is not None:
                 self._stage(round, client, state)
@@ -241,6 +241,21 @@ class ClientPipeline:
             part.arrivals = arrivals
         self._held = {}
         return part
+
+    def _compress_all(self, part, round, contexts, uplinks, waiting) -> list[tuple[int, Message]]:
+        """Each uplink compressed by its client. A client whose compression fails (a non-finite
+        update: its block scales cannot be encoded, nor its error memory rebuilt) fails alone, as
+        in a deployment its ClientApp would: logged, nothing sent, its state (memory included) not
+        staged; the round goes on without it."""
+        sent = []
+        for client, uplink in uplinks:
+            try:
+                sent.append((client, self._compress(round, client, uplink)))
+            except Exception as error:
+                error = self._failed(contexts[client], error)
+                part.failed.append((client, f"{type(error).__name__}: {error}"))
+                del waiting[client]
+        return sent
 
     def _compress(self, round: int, client: int, uplink: Message) -> Message:
         assert self.uplink is not None
