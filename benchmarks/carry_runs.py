@@ -7,7 +7,8 @@ under the current code (the first run of each kind: method, [compression] table,
 in log order, so the sample is fixed before anything is rerun) and compares every stored field
 (per-round rows, trigger ratios, z changes, config) with the stored one, exactly. One difference
 and it writes nothing. Otherwise every old run is appended to the new log under its key for the
-current code, with ``"carried": {"from_key", "verified_by"}`` saying where it came from; the
+current code, with ``"carried": {"from_key", "verified_by"}`` saying where it came from (and
+``"before"``, the same, where it had been carried already); the
 reruns themselves are appended as ordinary runs.
 
 It reads logs made by event_admm.py's run_one (event_admm.py and frontier.py):
@@ -107,6 +108,8 @@ def carry(old_log: Path, new_log: Path, jobs: int, runs: Path) -> int | None:
         if record in checks:
             continue  # its rerun is stored already
         origin = {"from_key": record["key"], "verified_by": names}
+        if "carried" in record:  # carried before: keep the whole chain back to the run that was made
+            origin["before"] = record["carried"]
         append_run(new_log, record | {"key": current[id(record)], "carried": origin})
         carried += 1
     console.print(

@@ -61,6 +61,13 @@ def test_runs_are_carried_under_the_current_key_after_an_exact_rerun_of_each_kin
     spec = ea.Spec("fedavg", (("fraction", 0.5), ("lr", 0.05)), 1)
     assert ea.key_of(TINY, spec) in ea.read_runs(new)
     assert carry.carry(old, new, 1, tmp_path / "carry") == 0  # nothing left to carry
+    # carried again (another code change): the record keeps the chain back to the run that was made
+    again = tmp_path / "again.jsonl"
+    again.write_text("\n".join(json.dumps(r | {"key": f"later-{i}"}) for i, r in enumerate(records)) + "\n")
+    newest = tmp_path / "newest.jsonl"
+    assert carry.carry(again, newest, 1, tmp_path / "carry") == 1
+    chain = json.loads(newest.read_text().splitlines()[-1])["carried"]
+    assert chain["from_key"] == "later-2" and chain["before"]["from_key"] == "earlier-code-2"
 
 
 def test_one_field_the_rerun_does_not_reproduce_carries_nothing(modules, tmp_path):
