@@ -124,6 +124,52 @@ def test_the_verdict_of_a_target_needs_both_savings():
     )
 
 
+def test_taciturns_own_method_is_set_beside_the_best_compressed_baseline_by_the_same_test(monkeypatch):
+    monkeypatch.setattr(frontier, "describe", lambda point: point["method"] if point else "none")
+    theirs = {"label": "b", "per_seed": [100.0, 120.0, 90.0, 110.0, 105.0], "total": [1e9] * 5}
+    labels = {"a": {"method": "event_admm"}, "b": {"method": "fedavg"}}
+    half = {"label": "a", "per_seed": [50.0, 61.0, 44.0, 56.0, 52.0]}
+    met = frontier.own_method("Setting B, 84%", half, theirs, labels)
+    assert met["status"] == "met" and met["paired"]["ci"][1] <= 0.9
+    assert met["sentence"].startswith("Setting B, 84%: event_admm at its best (event_admm)")
+    thrice = {"label": "a", "per_seed": [3 * v for v in theirs["per_seed"]]}
+    assert frontier.own_method("x", thrice, theirs, labels)["status"] == "not met"
+    none = frontier.own_method("x", None, theirs, labels)
+    assert none["status"] == "no conclusion" and "its family's choice" in none["sentence"]
+
+
+def test_the_readmes_lines_are_generated_from_the_paired_intervals(monkeypatch):
+    monkeypatch.setattr(frontier, "describe", lambda config: config["method"])
+    theirs = [100.0, 120.0, 90.0, 110.0, 105.0]
+    ours = [10.0, 13.0, 9.0, 12.0, 10.0]
+    uncompressed = frontier.compare_saving(ours, theirs, theirs, 0.35, NAMES)
+    itself = {"status": "not met", "paired": None, "censored": 0, "sentence": "s."}
+    own = frontier.compare_saving([3 * v for v in ours], ours, ours, 0.10, NAMES)
+    cells = {
+        "best": {"label": "a"},
+        "baseline_best": {"label": "b"},
+        "baseline_compressed_best": {"label": "a"},
+    }
+    entry = {
+        "comparisons": {"baseline_best": uncompressed, "baseline_compressed_best": itself},
+        "own": own,
+        "cells": cells,
+        "configs": {"best": {"method": "fedavg"}},
+        "verdict": {"status": "not met"},
+    }
+    results = {"settings": {"B": {"targets": [0.84], "per_target": {"0.84": entry}}}}
+    u, o = uncompressed["paired"], own["paired"]
+    assert (uncompressed["status"], own["status"]) == ("met", "not met")
+    assert frontier.readme_block(results) == (
+        f"- Setting B, 84%: **not met**. taciturn's best (fedavg) sends {u['mean']:.2f}x "
+        f"[{u['ci'][0]:.2f}, {u['ci'][1]:.2f}] the bytes of the best uncompressed baseline "
+        "(>= 35% fewer: met); "
+        "against the best compressed baseline it is that baseline itself (>= 10% fewer: not met); "
+        f"event_admm at its best sends 3.00x [{o['ci'][0]:.2f}, {o['ci'][1]:.2f}] the bytes of the best "
+        "compressed baseline."
+    )
+
+
 # ----- searches -----
 def test_every_family_searches_21_configurations_and_unequal_searches_are_refused():
     grids = frontier.family_grids([0.05, 0.1, 0.2, 0.5, 1.0])

@@ -179,8 +179,8 @@ def test_embedded_demo_configs_are_valid():
     from taciturn.cli import DEMO_CONFIGS, _demo_config
     from taciturn.experiments import types
 
-    names = [types.load(_demo_config(name)).algorithm.name for name in DEMO_CONFIGS]
-    assert names == ["fedavg", "event_admm"]
+    names = [types.load(_demo_config(name)).name for name in DEMO_CONFIGS]
+    assert names == ["demo-baseline", "demo-winner"]
 
 
 def test_train_size_is_seeded_and_checked(tmp_path):
