@@ -70,7 +70,8 @@ from workers import one_run_per_core
 
 from taciturn.core.params import norm, sub
 from taciturn.experiments.config import to_toml, validate
-from taciturn.experiments.runner import RoundEnd, start
+from taciturn.experiments.runner import RoundEnd, RunFailed, start
+from taciturn.report.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "benchmarks" / "runs" / "event_admm"
@@ -343,7 +344,11 @@ def train(
         previous_z["z"] = {k: v.clone() for k, v in z.items()}
 
     started = time.perf_counter()
-    rundir = start(config, folder, overwrite=True, progress=False, callbacks=(observe,))
+    stopped = None
+    try:
+        rundir = start(config, folder, overwrite=True, progress=False, callbacks=(observe,))
+    except RunFailed as error:  # the configuration diverged: every client of a round failed
+        rundir, stopped = RunDir(folder), str(error)  # its rows up to there: no target reached after
     wall = time.perf_counter() - started
     # Only the metrics matter here: drop client state and checkpoints (hundreds of MB per run).
     (folder / "client_state.bin").unlink(missing_ok=True)
@@ -351,12 +356,8 @@ def train(
     rows = [{name: row[name] for name in ROW_FIELDS} for row in rundir.read_metrics()]
     config_tree = {k: v for k, v in tree.items() if k != "name"}
     record = {"name": tree["name"], "method": method, "knob": knob, "seed": seed, "config": config_tree}
-    return record | {
-        "wall_s": wall,
-        "rows": rows,
-        "ratios": ratios if calibration else {},
-        "z_changes": z_changes,
-    }
+    record |= {"wall_s": wall, "rows": rows, "ratios": ratios if calibration else {}, "z_changes": z_changes}
+    return record | ({"stopped": stopped} if stopped else {})
 
 
 def as_run(spec: Spec, tree: dict[str, Any], record: dict[str, Any]) -> Run:

@@ -70,3 +70,27 @@ def test_running_one_setting_keeps_the_others_made_on_the_same_seeds(tmp_path):
     other = {"protocol": seeds | {"report_seeds": [20, 21, 22, 23, 24], "configs_per_method": {}}, "C": {}}
     assert bench.with_earlier_settings(other, out) == other
     assert bench.with_earlier_settings(now, tmp_path / "absent.json") == now
+
+
+def test_a_run_that_diverged_is_kept_with_its_rows_up_to_where_it_stopped(bench, monkeypatch):
+    """A configuration whose clients all fail in a round (SCAFFOLD's compressed control variates
+    going non-finite on setting C) stops with RunFailed: the benchmark keeps its rows so far, says
+    why, and the run reaches no target after it, instead of the whole benchmark stopping."""
+    from taciturn.experiments.runner import RunFailed
+
+    real = bench.start
+
+    def diverging(config, folder, **kwargs):
+        def fail(end):
+            if end.round == 2:
+                raise RunFailed("every client failed in round 2; first error: CompressionError: ...")
+
+        return real(config, folder, **kwargs | {"callbacks": (*kwargs["callbacks"], fail)})
+
+    monkeypatch.setattr(bench, "start", diverging)
+    spec = bench.Spec("fedavg", (("fraction", 1.0), ("lr", 0.05)), 0)
+    run = bench.run_one(TINY, spec)
+    (record,) = [json.loads(line) for line in bench.runs_log(TINY).read_text().splitlines()]
+    assert record["stopped"].startswith("every client failed in round 2")
+    assert [row["round"] for row in record["rows"]] == [0, 1, 2]  # round 2's row was written first
+    assert run.rows == record["rows"] and run.cost(2.0) is None
