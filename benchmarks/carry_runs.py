@@ -78,14 +78,13 @@ def differences(stored: dict[str, Any], made: dict[str, Any]) -> list[str]:
 def carry(old_log: Path, new_log: Path, jobs: int, runs: Path) -> int | None:
     """Verify a sample of ``old_log`` under the current code, then append its runs to ``new_log``
     under their current keys: the number carried, or None where a sample run differs."""
-    records = list(read_runs(old_log).values())
-    current = {id(r): ea.key_of_tree(r["config"]) for r in records}
     have = read_runs(new_log)
-    todo = [r for r in records if current[id(r)] not in have]
+    keyed = ((r, ea.key_of_tree(r["config"])) for r in read_runs(old_log).values())
+    todo = [(record, key) for record, key in keyed if key not in have]  # with its current key
     if not todo:
         console.print(f"every run of {old_log} is already in {new_log} under the current code")
         return 0
-    checks = sample(todo)
+    checks = sample([record for record, _ in todo])
     console.print(
         f"{len(todo)} runs to carry; rerunning {len(checks)}, one of each kind, on {jobs} processes"
     )
@@ -94,7 +93,7 @@ def carry(old_log: Path, new_log: Path, jobs: int, runs: Path) -> int | None:
     else:
         with one_run_per_core(jobs) as pool:
             made = list(pool.map(_rerun, [(r, runs) for r in checks]))
-    failed = [(r["name"], differences(r, m)) for r, m in zip(checks, made, strict=True) if differences(r, m)]
+    failed = [(r["name"], fields) for r, m in zip(checks, made, strict=True) if (fields := differences(r, m))]
     for record in made:
         append_run(new_log, record)  # a rerun is a run of the current code either way
     if failed:
@@ -104,13 +103,13 @@ def carry(old_log: Path, new_log: Path, jobs: int, runs: Path) -> int | None:
         return None
     names = [r["name"] for r in checks]
     carried = 0
-    for record in todo:
-        if record in checks:
+    for record, key in todo:
+        if record["name"] in names:
             continue  # its rerun is stored already
         origin = {"from_key": record["key"], "verified_by": names}
         if "carried" in record:  # carried before: keep the whole chain back to the run that was made
             origin["before"] = record["carried"]
-        append_run(new_log, record | {"key": current[id(record)], "carried": origin})
+        append_run(new_log, record | {"key": key, "carried": origin})
         carried += 1
     console.print(
         f"{carried} runs carried to {new_log}, verified by {len(names)} reruns that matched exactly"

@@ -190,6 +190,7 @@ class Run:
     wall_s: float
     trigger_ratios: dict[str, list[float]] = field(default_factory=dict)  # rule -> ||v - last|| / unit
     z_changes: list[float] = field(default_factory=list)
+    stopped: str | None = None  # why the run ended before its last round (it diverged), else None
 
     def events(self, row: dict[str, Any]) -> int:
         return self.vectors_per_message * (row["messages_up"] + row["messages_down"])
@@ -220,7 +221,7 @@ class Run:
             "events": self.events(last),
             "bytes": last["bytes_up"] + last["bytes_down"],
             "wall_s": self.wall_s,
-        }
+        } | ({"stopped": self.stopped} if self.stopped else {})
 
 
 def algorithm_table(method: str, point: dict[str, Any], setting: dict[str, Any], thresholds=(0.0, 0.0)):
@@ -366,7 +367,7 @@ def as_run(spec: Spec, tree: dict[str, Any], record: dict[str, Any]) -> Run:
     agents, rounds = tree["partition"]["num_clients"], tree["rounds"]
     return Run(
         spec.method, spec.knob, spec.seed, record["rows"], vectors, agents, rounds, record["wall_s"],
-        record["ratios"], record["z_changes"],
+        record["ratios"], record["z_changes"], record.get("stopped"),
     )  # fmt: skip
 
 
@@ -412,7 +413,7 @@ def _progress(run: Run) -> None:
     s = run.summary()
     console.print(
         f"    {run.method:<22} {run.knob:<22} s{run.seed} load={s['load']:.3f} best={s['best_accuracy']:.4f} "
-        f"{run.wall_s:6.1f}s",
+        f"{run.wall_s:6.1f}s" + (f" [red]stopped: {run.stopped}[/red]" if run.stopped else ""),
         soft_wrap=True,
         highlight=False,
     )

@@ -492,7 +492,13 @@ def report(setting, protocol: Protocol, grids, tuned, choice, reported, calibrat
                     f"{names[0]} is {POOL_NAMES[pool]} itself: no configuration beyond the baselines' own "
                     f"(given taciturn's compressors) does better, so >= {saving:.0%} fewer bytes: not met."
                 )
-                comparisons[pool] = {"status": "not met", "paired": None, "censored": 0, "sentence": sentence}
+                comparisons[pool] = {
+                    "status": "not met",
+                    "paired": None,
+                    "censored": 0,
+                    "sentence": sentence,
+                    "itself": True,
+                }
             else:
                 comparisons[pool] = compare_saving(
                     ours["per_seed"], theirs["per_seed"], theirs["total"], saving, names
@@ -546,7 +552,7 @@ def summary(run: ea.Run) -> dict[str, Any]:
         "bytes_up": last["bytes_up"],
         "bytes_down": last["bytes_down"],
         "wall_s": run.wall_s,
-    }
+    } | ({"stopped": run.stopped} if run.stopped else {})
 
 
 # ----- the top-level results: one key per setting and target -----
@@ -702,6 +708,17 @@ def render_setting(name: str, res: Mapping[str, Any], folder: Path) -> list[str]
             ],
         ),
     ]
+    stopped = {
+        name: run["stopped"]
+        for runs in (res["tuning_runs"], res["report_runs"])
+        for name, run in runs.items()
+        if run.get("stopped")
+    }
+    if stopped:
+        parts.append(
+            "Runs that ended before their last round (they count as reaching no target after it):\n\n"
+            + "\n".join(f"- `{name}`: {why}" for name, why in sorted(stopped.items()))
+        )
     if res.get("plot"):
         parts.append(f"![Accuracy per byte, setting {name}]({os.path.relpath(ROOT / res['plot'], folder)})")
     return parts
@@ -729,9 +746,7 @@ def readme_block(results: Mapping[str, Any]) -> str:
                 f"{ratio_text(c['baseline_best'])} the bytes of the best uncompressed baseline "
                 f"(>= 35% fewer: {c['baseline_best']['status']}); against the best compressed baseline "
             )
-            if e["cells"]["best"] and e["cells"]["best"]["label"] == (
-                e["cells"]["baseline_compressed_best"] or {}
-            ).get("label"):
+            if c["baseline_compressed_best"].get("itself"):
                 line += "it is that baseline itself (>= 10% fewer: not met)"
             else:
                 line += (

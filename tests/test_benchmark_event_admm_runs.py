@@ -94,3 +94,4 @@ def test_a_run_that_diverged_is_kept_with_its_rows_up_to_where_it_stopped(bench,
     assert record["stopped"].startswith("every client failed in round 2")
     assert [row["round"] for row in record["rows"]] == [0, 1, 2]  # round 2's row was written first
     assert run.rows == record["rows"] and run.cost(2.0) is None
+    assert run.stopped == record["stopped"] == run.summary()["stopped"]  # shown, not only stored

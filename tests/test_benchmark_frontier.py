@@ -143,7 +143,7 @@ def test_the_readmes_lines_are_generated_from_the_paired_intervals(monkeypatch):
     theirs = [100.0, 120.0, 90.0, 110.0, 105.0]
     ours = [10.0, 13.0, 9.0, 12.0, 10.0]
     uncompressed = frontier.compare_saving(ours, theirs, theirs, 0.35, NAMES)
-    itself = {"status": "not met", "paired": None, "censored": 0, "sentence": "s."}
+    itself = {"status": "not met", "paired": None, "censored": 0, "sentence": "s.", "itself": True}
     own = frontier.compare_saving([3 * v for v in ours], ours, ours, 0.10, NAMES)
     cells = {
         "best": {"label": "a"},

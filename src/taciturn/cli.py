@@ -58,9 +58,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for name in DEMO_CONFIGS:
         config = types.load(_demo_config(name), args.set or [])
         console.print(f"[bold]{config.name}[/]: {config.algorithm.name}, {config.rounds} rounds")
-        rundirs.append(
-            types.start(config, out / config.name, overwrite=True, progress=not args.quiet)
-        )
+        rundirs.append(types.start(config, out / config.name, overwrite=True, progress=not args.quiet))
         _print_summary(rundirs[-1])
     report = write_comparison(rundirs, out, DEMO_NOTE)
     console.print(f"[bold green]demo report[/]: [bold]{report}[/]")
