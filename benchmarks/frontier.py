@@ -363,12 +363,26 @@ def compare_saving(
     if any(v is None for v in ours):
         reached = sum(v is not None for v in ours)
         sentence = f"{names[0]} reached the target on {reached} of {n} report seeds: {need}, not met."
-        return {"status": "not met", "paired": None, "censored": 0, "sentence": sentence}
+        return {
+            "status": "not met",
+            "paired": None,
+            "censored": 0,
+            "reached": reached,
+            "seeds": n,
+            "sentence": sentence,
+        }
     censored = sum(v is None for v in theirs)
     b = [t if t is not None else total for t, total in zip(theirs, theirs_total, strict=True)]
     if min(*ours, *b) <= 0:
-        sentence = f"{names[0]} against {names[1]}: the target was reached before any byte: no ratio."
-        return {"status": "no conclusion", "paired": None, "censored": censored, "sentence": sentence}
+        why = "reached the target before any byte was sent: no ratio"
+        sentence = f"{names[0]} against {names[1]}: {why}."
+        return {
+            "status": "no conclusion",
+            "paired": None,
+            "censored": censored,
+            "why": why,
+            "sentence": sentence,
+        }
     p = paired(list(ours), b, names, ratio=True)
     if p.direction < 0 and p.hi <= bound + TOLERANCE:
         status, why = "met", f"the whole interval at or below {bound:.2f}"
@@ -379,7 +393,13 @@ def compare_saving(
         if censored and p.lo > bound:
             why = f"above {bound:.2f}, but {names[1]}'s cost is only bounded below"
     note = f" ({names[1]} missed the target on {censored} of {n} seeds: its whole run's bytes counted)"
-    sentence = p.sentence("bytes").rstrip(".") + (note if censored else "") + f"; {need}: {status} ({why})."
+    said = p.sentence("bytes").rstrip(".")
+    if censored and p.direction > 0:  # more than a lower bound of theirs: no direction follows
+        said = (
+            f"{names[0]} against {names[1]} on bytes: ratio {p.mean:.2f} [{p.lo:.2f}, {p.hi:.2f}] to a lower"
+            f" bound of {names[1]}'s bytes, so no direction follows"
+        )
+    sentence = said + (note if censored else "") + f"; {need}: {status} ({why})."
     return {"status": status, "paired": p.as_dict(), "censored": censored, "sentence": sentence}
 
 
@@ -390,9 +410,13 @@ def own_method(
     best compressed baseline, with the same 10% test: reported beside the verdict, never part of it
     (the verdict's "taciturn's best" is chosen among every configuration, baselines included)."""
     if own is None or theirs is None:
-        missing = "its family's choice" if own is None else POOL_NAMES["baseline_compressed_best"]
-        sentence = f"{where}, {EVENT}: no configuration for {missing} reached the target on the tuning seed."
-        return {"status": "no conclusion", "paired": None, "censored": 0, "sentence": sentence}
+        why = (
+            "reached the target with none of its configurations on the tuning seed"
+            if own is None
+            else "has no compressed baseline to compare with: none reached the target on the tuning seed"
+        )
+        sentence = f"{where}: {EVENT} at its best {why}."
+        return {"status": "no conclusion", "paired": None, "censored": 0, "why": why, "sentence": sentence}
     names = (
         f"{EVENT} at its best ({describe(by_label.get(own['label']))})",
         f"{POOL_NAMES['baseline_compressed_best']} ({describe(by_label.get(theirs['label']))})",
@@ -610,12 +634,30 @@ def plot(name: str, res: Mapping[str, Any], path: Path) -> Path:
         xs, ys, errs = [], [], []
         for i, t in enumerate(res["targets"]):
             c = res["per_target"][str(t)]["cells"][pool]
+            x = i + (j - 1) * width
             if c and c["bytes"]["mean"] is not None:
                 b = c["bytes"]
                 lo, hi = (b["lo"], b["hi"]) if b["lo"] is not None else (b["mean"], b["mean"])
-                xs.append(i + (j - 1) * width)
+                xs.append(x)
                 ys.append(b["mean"])
                 errs.append([b["mean"] - lo, hi - b["mean"]])
+            else:  # no bar: say why where it would stand
+                why = (
+                    "none reached it (tuning)"
+                    if c is None
+                    else f"reached on {c['reached']} of {len(c['per_seed'])}"
+                )
+                right.text(
+                    x,
+                    0.02,
+                    why,
+                    transform=right.get_xaxis_transform(),
+                    rotation=90,
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    color=f"C{j}",
+                )
         if xs:
             right.bar(xs, ys, width, yerr=np.array(errs).T, color=f"C{j}", label=POOL_NAMES[pool], capsize=3)
     right.set_xticks(range(len(res["targets"])), [f"{t:.0%}" for t in res["targets"]])
@@ -724,12 +766,20 @@ def render_setting(name: str, res: Mapping[str, Any], folder: Path) -> list[str]
     return parts
 
 
-def ratio_text(comparison: Mapping[str, Any]) -> str:
-    """ "0.15x [0.12, 0.18]" from a comparison's paired interval, or its status where there is none."""
+def ratio_text(comparison: Mapping[str, Any], whom: str) -> str:
+    """ "sends 0.15x [0.12, 0.18] the bytes of <whom>" from a comparison's paired interval, saying
+    where <whom> missed the target on a seed (its bytes are then only a lower bound), "reached the
+    target on only 3 of 5 report seeds" where the one compared missed it, or why there is no ratio."""
     p = comparison["paired"]
     if p is None:
-        return comparison["status"]
-    return f"{p['mean']:.2f}x [{p['ci'][0]:.2f}, {p['ci'][1]:.2f}]"
+        if "reached" in comparison:
+            return f"reached the target on only {comparison['reached']} of {comparison['seeds']} report seeds"
+        return comparison["why"]
+    text = f"sends {p['mean']:.2f}x [{p['ci'][0]:.2f}, {p['ci'][1]:.2f}] the bytes of {whom}"
+    if comparison["censored"]:
+        missed = f"{comparison['censored']} of {p['n']} seeds"
+        text += f" (which missed the target on {missed}: a lower bound of its bytes)"
+    return text
 
 
 def readme_block(results: Mapping[str, Any]) -> str:
@@ -740,22 +790,21 @@ def readme_block(results: Mapping[str, Any]) -> str:
         for t in res["targets"]:
             e = res["per_target"][str(t)]
             c, own = e["comparisons"], e.get("own")
-            best = describe(e["configs"]["best"])
-            line = (
-                f"- Setting {name}, {t:.0%}: **{e['verdict']['status']}**. taciturn's best ({best}) sends "
-                f"{ratio_text(c['baseline_best'])} the bytes of the best uncompressed baseline "
-                f"(>= 35% fewer: {c['baseline_best']['status']}); against the best compressed baseline "
-            )
-            if c["baseline_compressed_best"].get("itself"):
-                line += "it is that baseline itself (>= 10% fewer: not met)"
+            uncompressed, compressed = c["baseline_best"], c["baseline_compressed_best"]
+            line = f"- Setting {name}, {t:.0%}: **{e['verdict']['status']}**. taciturn's best "
+            line += f"({describe(e['configs']['best'])}) "
+            line += ratio_text(uncompressed, "the best uncompressed baseline")
+            if uncompressed["paired"] is None:
+                line += ", so neither saving is shown"
             else:
-                line += (
-                    f"{ratio_text(c['baseline_compressed_best'])} ({c['baseline_compressed_best']['status']})"
-                )
+                line += f" (>= 35% fewer: {uncompressed['status']})"
+            if compressed.get("itself"):
+                line += "; it is the best compressed baseline itself (>= 10% fewer: not met)"
+            elif compressed["paired"] is not None:
+                line += f"; it {ratio_text(compressed, 'the best compressed baseline')}"
+                line += f" (>= 10% fewer: {compressed['status']})"
             if own is not None:
-                line += (
-                    f"; {EVENT} at its best sends {ratio_text(own)} the bytes of the best compressed baseline"
-                )
+                line += f"; {EVENT} at its best {ratio_text(own, 'the best compressed baseline')}"
             lines.append(line + ".")
     return "\n".join(lines)
 

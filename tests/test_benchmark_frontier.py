@@ -101,6 +101,11 @@ def test_a_baseline_that_missed_the_target_is_charged_its_whole_run_which_can_su
         ours, [52.0, None, 42.0, 82.0, 62.0], [1e9, 101.0, 1e9, 1e9, 1e9], 0.10, NAMES
     )
     assert above["paired"]["ci"][0] > 0.9 and above["status"] == "no conclusion"  # only a lower bound
+    never = frontier.compare_saving(ours, [None] * 5, [10.0] * 5, 0.10, NAMES)  # ours: 4-10x their runs
+    assert never["censored"] == 5 and never["status"] == "no conclusion"
+    assert "worse" not in never["sentence"] and "more bytes" not in never["sentence"]  # no direction
+    lower_bound = "to a lower bound of the best uncompressed baseline (y)'s bytes, so no direction follows"
+    assert lower_bound in never["sentence"]
 
 
 def test_the_verdict_of_a_target_needs_both_savings():
@@ -135,7 +140,11 @@ def test_taciturns_own_method_is_set_beside_the_best_compressed_baseline_by_the_
     thrice = {"label": "a", "per_seed": [3 * v for v in theirs["per_seed"]]}
     assert frontier.own_method("x", thrice, theirs, labels)["status"] == "not met"
     none = frontier.own_method("x", None, theirs, labels)
-    assert none["status"] == "no conclusion" and "its family's choice" in none["sentence"]
+    assert none["sentence"] == (
+        "x: event_admm at its best reached the target with none of its configurations on the tuning seed."
+    )
+    alone = frontier.own_method("x", half, None, labels)
+    assert alone["status"] == "no conclusion" and "has no compressed baseline" in alone["why"]
 
 
 def test_the_readmes_lines_are_generated_from_the_paired_intervals(monkeypatch):
@@ -163,10 +172,28 @@ def test_the_readmes_lines_are_generated_from_the_paired_intervals(monkeypatch):
     assert frontier.readme_block(results) == (
         f"- Setting B, 84%: **not met**. taciturn's best (fedavg) sends {u['mean']:.2f}x "
         f"[{u['ci'][0]:.2f}, {u['ci'][1]:.2f}] the bytes of the best uncompressed baseline "
-        "(>= 35% fewer: met); "
-        "against the best compressed baseline it is that baseline itself (>= 10% fewer: not met); "
+        "(>= 35% fewer: met); it is the best compressed baseline itself (>= 10% fewer: not met); "
         f"event_admm at its best sends 3.00x [{o['ci'][0]:.2f}, {o['ci'][1]:.2f}] the bytes of the best "
         "compressed baseline."
+    )
+    # taciturn's best missed the target on a report seed; event ADMM reached it where the compressed
+    # baseline did not (its bytes then only a lower bound); and a compressed baseline other than ours
+    missed = frontier.compare_saving([10.0, None, 9.0, 12.0, 10.0], theirs, theirs, 0.35, NAMES)
+    censored = frontier.compare_saving([3 * v for v in ours], [None, *ours[1:]], [5.0] * 5, 0.10, NAMES)
+    entry["comparisons"] = {"baseline_best": missed, "baseline_compressed_best": missed}
+    entry["own"] = censored
+    c = censored["paired"]
+    assert frontier.readme_block(results) == (
+        "- Setting B, 84%: **not met**. taciturn's best (fedavg) reached the target on only 4 of 5 report "
+        f"seeds, so neither saving is shown; event_admm at its best sends {c['mean']:.2f}x "
+        f"[{c['ci'][0]:.2f}, {c['ci'][1]:.2f}] the bytes of the best compressed baseline (which missed the "
+        "target on 1 of 5 seeds: a lower bound of its bytes)."
+    )
+    entry["comparisons"] = {"baseline_best": uncompressed, "baseline_compressed_best": own}
+    entry["own"] = None
+    assert frontier.readme_block(results).endswith(
+        f"; it sends 3.00x [{o['ci'][0]:.2f}, {o['ci'][1]:.2f}] the bytes of the best compressed baseline "
+        "(>= 10% fewer: not met)."
     )
 
 
