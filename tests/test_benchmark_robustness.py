@@ -66,6 +66,7 @@ def test_docs_label_a_smoke_run_and_print_intervals_only_where_there_are_seeds(r
         "scale": "smoke",
         "settings": settings,
         "clean": 0.5,
+        "clean_cell": robustness.cell([0.5]),
         "attacks": {
             "scale": {"0.2": {"mean": robustness.cell([0.1]), "median": robustness.cell([0.4, 0.5, 0.6])}}
         },
@@ -82,6 +83,9 @@ def test_docs_label_a_smoke_run_and_print_intervals_only_where_there_are_seeds(r
             }
         },
     }
+    results["target"] = robustness.target(results)
+    results["claims"] = robustness.privacy_claims(results)
+    assert results["target"][0]["status"] == "n/a" and results["claims"] == []  # one seed: no claim
     robustness.docs(results, quick=True)
     assert written["name"] == "robustness_quick"
     assert "| 0.2 | 0.100 | 0.500 [0.252, 0.748] |" in written["body"]  # t_{2,.975} 0.1/sqrt(3) = 0.248
@@ -105,47 +109,72 @@ def test_a_stored_run_is_reused_only_for_the_same_config_and_code(robustness, tm
     assert robustness.stored_accuracies(log, jobs) == {}  # the simulation code changed: all run again
 
 
-def test_the_target_picks_the_best_rule_and_asks_its_interval_to_clear_clean_minus_3_points(robustness):
+def test_the_target_pairs_the_chosen_rule_with_clean_seed_by_seed_and_holds_only_by_its_interval(robustness):
+    clean = [0.80, 0.82, 0.84]
+    c = robustness.cell
     results = {
-        "clean": 0.80,
+        "clean_cell": c(clean),
         "attacks": {
             "sign_flip": {
                 "0.2": {
-                    "mean": {"mean": 0.10, "ci95": [0.05, 0.15]},
-                    "median": {"mean": 0.78, "ci95": [0.76, 0.80]},  # best; 0.76 < 0.77: not by interval
-                    "krum": {"mean": 0.70, "ci95": [0.69, 0.71]},
+                    "mean": c([0.10, 0.12, 0.14]),
+                    "median": c([0.78, 0.80, 0.82]),  # 2 points below clean on every seed: held
+                    "krum": c([0.70, 0.73, 0.74]),
                 },
-                "0.1": {"mean": {"mean": 0.9, "ci95": None}},
+                "0.1": {"mean": c([0.9, 0.9, 0.9])},
             },
             "scale": {
                 "0.2": {
-                    "mean": {"mean": 0.05, "ci95": None},
-                    "median": {"mean": 0.76, "ci95": None},  # 4 points below: not held
+                    "mean": c([0.05, 0.06, 0.07]),
+                    "median": c([0.76, 0.78, 0.80]),  # 4 points below on every seed: not held
+                }
+            },
+            "gaussian": {
+                "0.2": {
+                    "mean": c([0.5, 0.6, 0.7]),
+                    "median": c([0.75, 0.82, 0.83]),  # 5, 0 and 1 points below: no conclusion
                 }
             },
         },
-    }
-    # the tuning seeds choose the rule: median for sign_flip, median for scale
-    results["tuning"] = {
-        "sign_flip": {"mean": 0.1, "median": 0.77, "krum": 0.71},
-        "scale": {"mean": 0.0, "median": 0.7},
+        "tuning": {  # the tuning seeds choose the rule: median everywhere
+            "sign_flip": {"mean": 0.1, "median": 0.77, "krum": 0.71},
+            "scale": {"mean": 0.0, "median": 0.7},
+            "gaussian": {"mean": 0.6, "median": 0.8},
+        },
     }
     rows = robustness.target(results)
-    assert rows == [
-        ["sign_flip", "0.100", "median", "0.780 [0.760, 0.800]", "+2.0", "yes", "no"],
-        ["scale", "0.050", "median", "0.760", "+4.0", "no", "n/a"],
+    assert [(r["attack"], r["rule"], r["status"]) for r in rows] == [
+        ("sign_flip", "median", "held"),
+        ("scale", "median", "not held"),
+        ("gaussian", "median", "no conclusion"),
     ]
+    assert rows[0]["gap"]["ci"] == pytest.approx([-0.02, -0.02])  # the same gap on every seed
+    d = np.array([-0.05, 0.0, -0.01])  # gaussian's paired differences, by hand
+    half = 4.302653 * d.std(ddof=1) / np.sqrt(3)
+    assert rows[2]["gap"]["ci"] == pytest.approx([d.mean() - half, d.mean() + half], rel=1e-6)
+    assert rows[0]["sentences"][0] == (
+        "sign_flip at 20% attackers, the rule chosen on the tuning seeds: median is worse than clean FedAvg "
+        "on final accuracy (lower): difference -0.020 [-0.020, -0.020], 3 of 3 seeds agree (paired 95% "
+        "t-interval over 3 seeds; Wilcoxon p = 0.25). Within 3 points of clean: **held** (the whole paired "
+        "interval at or above -3 points)."
+    )
+    assert rows[0]["sentences"][1].startswith(
+        "sign_flip at 20% attackers: median is better than the plain mean"
+    )
+    assert "| sign_flip | 0.120 | median | 0.800 [0.750, 0.850] | -2.0 [-2.0, -2.0] | held |" in (
+        robustness.target_table(rows)
+    )
+    assert robustness.readme_lines(rows).splitlines()[1] == (
+        "- scale: **not held** with median (-4.0 [-4.0, -4.0] points against clean; undefended 0.060)."
+    )
     # a rule best on the tuning seeds is read on the report seeds, even where another is higher there
     results["tuning"]["sign_flip"] = {"mean": 0.1, "median": 0.70, "krum": 0.72}
-    assert robustness.target(results)[0] == [
-        "sign_flip",
-        "0.100",
-        "krum",
-        "0.700 [0.690, 0.710]",
-        "+10.0",
-        "no",
-        "no",
-    ]
+    krum = robustness.target(results)[0]
+    assert (krum["rule"], krum["status"]) == ("krum", "not held")
+    assert robustness.within("x", [0.8], [0.8], 0.03) == ("n/a", None)  # one seed: no interval
+    results["tuning"]["scale"] = {"mean": 0.9, "median": 0.7}  # no defence chosen: nothing to set it beside
+    plain = robustness.target(results)[1]
+    assert plain["rule"] == "mean" and plain["against_undefended"] is None and len(plain["sentences"]) == 1
 
 
 def test_every_grid_cell_has_one_run_per_seed_and_distinct_names(robustness):
