@@ -390,9 +390,13 @@ def privacy_claims(results: dict[str, Any]) -> list[str]:
 
 def readme_lines(rows: list[dict]) -> str:
     """The README's lines: the target's verdict per attack, from the paired intervals."""
+
+    def rule(name: str) -> str:
+        return "no defence (the tuning seeds chose the plain mean)" if name == "mean" else name
+
     return "\n".join(
-        f"- {r['attack']}: **{r['status']}** with {r['rule']} ({points_against_clean(r['gap'])} points "
-        f"against clean; undefended {r['undefended']['mean']:.3f})."
+        f"- {r['attack']}: **{r['status']}** with {rule(r['rule'])} ({points_against_clean(r['gap'])} "
+        f"points against clean; undefended {r['undefended']['mean']:.3f})."
         for r in rows
     )
 

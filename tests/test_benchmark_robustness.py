@@ -175,6 +175,11 @@ def test_the_target_pairs_the_chosen_rule_with_clean_seed_by_seed_and_holds_only
     results["tuning"]["scale"] = {"mean": 0.9, "median": 0.7}  # no defence chosen: nothing to set it beside
     plain = robustness.target(results)[1]
     assert plain["rule"] == "mean" and plain["against_undefended"] is None and len(plain["sentences"]) == 1
+    # d = -0.75, -0.76, -0.77: mean -76 points, half-width 4.302653 x 1 / sqrt(3) = 2.48 points
+    assert robustness.readme_lines([plain]) == (
+        "- scale: **not held** with no defence (the tuning seeds chose the plain mean) (-76.0 [-78.5, -73.5] "
+        "points against clean; undefended 0.060)."
+    )
 
 
 def test_every_grid_cell_has_one_run_per_seed_and_distinct_names(robustness):
