@@ -66,7 +66,6 @@ import tomli_w
 import torch
 from protocol import (
     DOCS,
-    TOLERANCE,
     Choice,
     Estimate,
     Grid,
@@ -346,6 +345,12 @@ def choose(
 
 
 # ----- claims -----
+def unpaired(status: str, sentence: str, censored: int = 0, **why: Any) -> dict[str, Any]:
+    """A comparison with no paired interval, and why: ``reached``/``seeds`` (ours missed the target
+    on a seed), ``why`` (no ratio), ``itself`` (ours is the baseline)."""
+    return {"status": status, "paired": None, "censored": censored, "sentence": sentence} | why
+
+
 def compare_saving(
     ours: Sequence[float | None],
     theirs: Sequence[float | None],
@@ -363,34 +368,22 @@ def compare_saving(
     if any(v is None for v in ours):
         reached = sum(v is not None for v in ours)
         sentence = f"{names[0]} reached the target on {reached} of {n} report seeds: {need}, not met."
-        return {
-            "status": "not met",
-            "paired": None,
-            "censored": 0,
-            "reached": reached,
-            "seeds": n,
-            "sentence": sentence,
-        }
+        return unpaired("not met", sentence, reached=reached, seeds=n)
     censored = sum(v is None for v in theirs)
     b = [t if t is not None else total for t, total in zip(theirs, theirs_total, strict=True)]
     if min(*ours, *b) <= 0:
         why = "reached the target before any byte was sent: no ratio"
         sentence = f"{names[0]} against {names[1]}: {why}."
-        return {
-            "status": "no conclusion",
-            "paired": None,
-            "censored": censored,
-            "why": why,
-            "sentence": sentence,
-        }
+        return unpaired("no conclusion", sentence, censored, why=why)
     p = paired(list(ours), b, names, ratio=True)
-    if p.direction < 0 and p.hi <= bound + TOLERANCE:
+    side = p.against(bound, "below")
+    if p.direction < 0 and side == "yes":
         status, why = "met", f"the whole interval at or below {bound:.2f}"
-    elif p.lo > bound + TOLERANCE and not censored:
+    elif side == "no" and not censored:
         status, why = "not met", f"the whole interval above {bound:.2f}"
     else:
         status, why = "no conclusion", f"the interval reaches both sides of {bound:.2f}"
-        if censored and p.lo > bound:
+        if censored and side == "no":
             why = f"above {bound:.2f}, but {names[1]}'s cost is only bounded below"
     note = f" ({names[1]} missed the target on {censored} of {n} seeds: its whole run's bytes counted)"
     said = p.sentence("bytes").rstrip(".")
@@ -415,8 +408,7 @@ def own_method(
             if own is None
             else "has no compressed baseline to compare with: none reached the target on the tuning seed"
         )
-        sentence = f"{where}: {EVENT} at its best {why}."
-        return {"status": "no conclusion", "paired": None, "censored": 0, "why": why, "sentence": sentence}
+        return unpaired("no conclusion", f"{where}: {EVENT} at its best {why}.", why=why)
     names = (
         f"{EVENT} at its best ({describe(by_label.get(own['label']))})",
         f"{POOL_NAMES['baseline_compressed_best']} ({describe(by_label.get(theirs['label']))})",
@@ -516,13 +508,7 @@ def report(setting, protocol: Protocol, grids, tuned, choice, reported, calibrat
                     f"{names[0]} is {POOL_NAMES[pool]} itself: no configuration beyond the baselines' own "
                     f"(given taciturn's compressors) does better, so >= {saving:.0%} fewer bytes: not met."
                 )
-                comparisons[pool] = {
-                    "status": "not met",
-                    "paired": None,
-                    "censored": 0,
-                    "sentence": sentence,
-                    "itself": True,
-                }
+                comparisons[pool] = unpaired("not met", sentence, itself=True)
             else:
                 comparisons[pool] = compare_saving(
                     ours["per_seed"], theirs["per_seed"], theirs["total"], saving, names

@@ -314,6 +314,15 @@ class Paired:
             return 0
         return 1 if self.lo > self.null else -1 if self.hi < self.null else 0
 
+    def against(self, bound: float, claim: Literal["below", "above"]) -> Literal["yes", "no", "open"]:
+        """Whether the whole interval lies on the ``claim`` side of ``bound`` (a saving at or below
+        0.65, a loss at or above -3 points): "yes" where it does, the bound itself included; "no"
+        where it lies wholly on the other side, the bound excluded; "open" where it reaches both.
+        Within TOLERANCE of the bound counts as on it."""
+        lo, hi = (self.lo, self.hi) if claim == "below" else (-self.hi, -self.lo)
+        edge = bound if claim == "below" else -bound
+        return "yes" if hi <= edge + TOLERANCE else "no" if lo > edge + TOLERANCE else "open"
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "a": self.a,

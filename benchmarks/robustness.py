@@ -48,7 +48,6 @@ from typing import Any
 
 import numpy as np
 from protocol import (
-    TOLERANCE,
     IntervalError,
     Paired,
     Protocol,
@@ -287,9 +286,7 @@ def within(rule: str, values: list[float], clean: list[float], points: float) ->
     if min(len(values), len(clean)) < 2:
         return "n/a", None
     gap = paired(values, clean, (rule, "clean FedAvg"))
-    if gap.lo >= -points - TOLERANCE:
-        return "held", gap
-    return ("not held" if gap.hi < -points - TOLERANCE else "no conclusion"), gap
+    return {"yes": "held", "no": "not held", "open": "no conclusion"}[gap.against(-points, "above")], gap
 
 
 def target(results: dict[str, Any], fraction: float = TARGET_FRACTION, points: float = 0.03) -> list[dict]:
@@ -356,8 +353,9 @@ def points_against_clean(gap: dict | None) -> str:
 
 def target_table(rows: list[dict]) -> str:
     header = ["attack", "undefended", "best rule (tuning seeds)", "its accuracy", "points against clean"]
+    within_points = f"within {100 * rows[0]['points']:.0f} points" if rows else "within"
     return markdown_table(
-        [*header, "within 3 points"],
+        [*header, within_points],
         [
             [
                 r["attack"],

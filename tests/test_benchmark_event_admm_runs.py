@@ -73,8 +73,8 @@ def test_running_one_setting_keeps_the_others_made_on_the_same_seeds(tmp_path):
 
 
 def test_a_run_that_diverged_is_kept_with_its_rows_up_to_where_it_stopped(bench, monkeypatch):
-    """A configuration whose clients all fail in a round (SCAFFOLD's compressed control variates
-    going non-finite on setting C) stops with RunFailed: the benchmark keeps its rows so far, says
+    """A configuration whose clients all fail in a round (SCAFFOLD going non-finite under int4 on
+    setting C) stops with RunFailed: the benchmark keeps its rows so far, says
     why, and the run reaches no target after it, instead of the whole benchmark stopping."""
     from taciturn.experiments.runner import RunFailed
 

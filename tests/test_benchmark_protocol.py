@@ -217,3 +217,17 @@ def test_a_t_interval_that_excludes_zero_is_no_claim_where_the_signed_ranks_disa
     assert "excludes 0 but Wilcoxon's test does not agree at 5%" in p.sentence("normalised regret")
     five = protocol.paired([11.0, 12.0, 13.0, 12.0, 12.0], [10.0] * 5)  # Wilcoxon p = 1/16 > 0.05
     assert five.direction == 1 and not five.signed_ranks_disagree
+
+
+def test_an_interval_against_a_bound_counts_the_bound_on_the_claimed_side_only():
+    def interval(lo, hi):
+        return protocol.Paired("a", "b", "difference", 5, (lo + hi) / 2, lo, hi, None, 5, [])
+
+    assert interval(0.5, 0.65).against(0.65, "below") == "yes"  # the bound itself is on the claimed side
+    assert interval(0.5, 0.65 + 1e-12).against(0.65, "below") == "yes"  # within TOLERANCE of it
+    assert interval(0.6, 0.7).against(0.65, "below") == "open"
+    assert interval(0.65, 0.7).against(0.65, "below") == "open"  # touching from the other side: not "no"
+    assert interval(0.66, 0.7).against(0.65, "below") == "no"
+    assert interval(-0.03, -0.01).against(-0.03, "above") == "yes"
+    assert interval(-0.05, -0.03).against(-0.03, "above") == "open"
+    assert interval(-0.05, -0.031).against(-0.03, "above") == "no"
