@@ -722,6 +722,11 @@ def render(results: dict[str, Any]) -> str:
     for name in SETTINGS:
         if name in results:
             parts += render_setting(name, results[name])
+    if missing := [name for name in SETTINGS if name not in results]:
+        parts.append(
+            f"Setting{'s' if len(missing) > 1 else ''} {' and '.join(missing)}: not yet run under this "
+            'protocol ("How to reproduce"); no claim is drawn for ' + ("them." if len(missing) > 1 else "it.")
+        )
     return "\n\n".join(parts)
 
 
@@ -867,7 +872,8 @@ def with_earlier_settings(results: dict[str, Any], out: Path) -> dict[str, Any]:
         return results
     earlier = json.loads(out.read_text())
     seeds = ("selection", "tuning_seeds", "report_seeds")
-    if {k: earlier["protocol"].get(k) for k in seeds} != {k: results["protocol"][k] for k in seeds}:
+    made_on = earlier.get("protocol", {})  # a file from before the protocol has none: nothing is kept
+    if {k: made_on.get(k) for k in seeds} != {k: results["protocol"][k] for k in seeds}:
         return results
     kept = {n: earlier[n] for n in SETTINGS if n in earlier and n not in results}
     configs = earlier["protocol"]["configs_per_method"] | results["protocol"]["configs_per_method"]

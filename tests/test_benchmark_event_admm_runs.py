@@ -70,6 +70,23 @@ def test_running_one_setting_keeps_the_others_made_on_the_same_seeds(tmp_path):
     other = {"protocol": seeds | {"report_seeds": [20, 21, 22, 23, 24], "configs_per_method": {}}, "C": {}}
     assert bench.with_earlier_settings(other, out) == other
     assert bench.with_earlier_settings(now, tmp_path / "absent.json") == now
+    before_the_protocol = tmp_path / "issue19.json"  # issue 19's file: no "protocol", other seeds
+    before_the_protocol.write_text(json.dumps({"seeds": [0, 1, 2], "A": {"ceiling": 0.9}}))
+    assert bench.with_earlier_settings(now, before_the_protocol) == now
+
+
+def test_the_docs_block_names_the_settings_not_yet_run(monkeypatch):
+    bench = load_benchmark("event_admm")
+    monkeypatch.setattr(bench, "render_setting", lambda name, res: [f"[setting {name}]"])
+    record = {"selection": "tuning_seeds", "tuning_seeds": [0, 1], "report_seeds": [10, 11, 12, 13, 14]}
+    results = {"protocol": record | {"configs_per_method": {"fedavg": 21}}, "file": "f", "log": "l"}
+    text = bench.render(results | {"command": "c", "A": {}})
+    assert "[setting A]" in text and text.endswith(
+        'Settings B and C: not yet run under this protocol ("How to reproduce"); no claim is drawn for them.'
+    )
+    every = bench.render(results | {"command": "c", "A": {}, "B": {}, "C": {}})
+    assert "not yet run" not in every
+    assert bench.render(results | {"command": "c", "A": {}, "C": {}}).endswith("no claim is drawn for it.")
 
 
 def test_a_run_that_diverged_is_kept_with_its_rows_up_to_where_it_stopped(bench, monkeypatch):
