@@ -71,6 +71,7 @@ from protocol import (
     Grid,
     Protocol,
     budget,
+    charge_misses,
     cost_to_target,
     estimate,
     first_reaching,
@@ -82,6 +83,7 @@ from protocol import (
     replace_section,
     save_figure,
     select,
+    sentence_to_lower_bound,
     trailing_mean,
 )
 from rich.console import Console
@@ -369,8 +371,7 @@ def compare_saving(
         reached = sum(v is not None for v in ours)
         sentence = f"{names[0]} reached the target on {reached} of {n} report seeds: {need}, not met."
         return unpaired("not met", sentence, reached=reached, seeds=n)
-    censored = sum(v is None for v in theirs)
-    b = [t if t is not None else total for t, total in zip(theirs, theirs_total, strict=True)]
+    b, censored = charge_misses(theirs, theirs_total)
     if min(*ours, *b) <= 0:
         why = "reached the target before any byte was sent: no ratio"
         sentence = f"{names[0]} against {names[1]}: {why}."
@@ -385,14 +386,7 @@ def compare_saving(
         status, why = "no conclusion", f"the interval reaches both sides of {bound:.2f}"
         if censored and side == "no":
             why = f"above {bound:.2f}, but {names[1]}'s cost is only bounded below"
-    note = f" ({names[1]} missed the target on {censored} of {n} seeds: its whole run's bytes counted)"
-    said = p.sentence("bytes").rstrip(".")
-    if censored and p.direction > 0:  # more than a lower bound of theirs: no direction follows
-        said = (
-            f"{names[0]} against {names[1]} on bytes: ratio {p.mean:.2f} [{p.lo:.2f}, {p.hi:.2f}] to a lower"
-            f" bound of {names[1]}'s bytes, so no direction follows"
-        )
-    sentence = said + (note if censored else "") + f"; {need}: {status} ({why})."
+    sentence = sentence_to_lower_bound(p, censored, "bytes") + f"; {need}: {status} ({why})."
     return {"status": status, "paired": p.as_dict(), "censored": censored, "sentence": sentence}
 
 

@@ -393,6 +393,28 @@ def paired(
     )
 
 
+def charge_misses(theirs: Sequence[float | None], totals: Sequence[float]) -> tuple[list[float], int]:
+    """Costs to a target per seed, each seed where it was missed (None) charged its whole run's cost,
+    and how many were. That charge is only a lower bound of what reaching the target would cost, so a
+    ratio of ours over it below 1 stands and above 1 shows nothing (``sentence_to_lower_bound``)."""
+    charged = [t if t is not None else total for t, total in zip(theirs, totals, strict=True)]
+    return charged, sum(t is None for t in theirs)
+
+
+def sentence_to_lower_bound(p: Paired, censored: int, what: str) -> str:
+    """``p.sentence(what)``, without its full stop, where ``censored`` of b's seeds were charged by
+    ``charge_misses``: a direction in b's favour is then withheld, and the charge is said."""
+    said = p.sentence(what).rstrip(".")
+    if not censored:
+        return said
+    if p.direction > 0:  # more than a lower bound of theirs: no direction follows
+        said = (
+            f"{p.a} against {p.b} on {what}: ratio {p.mean:.2f} [{p.lo:.2f}, {p.hi:.2f}] to a lower bound"
+            f" of {p.b}'s {what}, so no direction follows"
+        )
+    return said + f" ({p.b} missed the target on {censored} of {p.n} seeds: its whole run's {what} counted)"
+
+
 def seeds_for_power(
     differences: Sequence[float], effect: float, power: float = 0.8, level: float = LEVEL, most: int = 10_000
 ) -> int | None:

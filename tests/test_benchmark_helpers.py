@@ -139,8 +139,14 @@ def test_choice_targets_and_the_best_baseline_come_from_the_tuning_runs_only(mon
 
 def test_savings_are_paired_ratios_and_claimed_only_where_the_interval_excludes_one():
     bench = event_benchmark()
-    fedadmm = {"knob": "k", "per_seed": [100.0, 120.0, 80.0, 100.0, 110.0], "reached": 5}
-    event = {"knob": "k", "per_seed": [50.0, 60.0, 40.0, 55.0, 50.0], "reached": 5}
+    whole = [400.0] * 5
+    fedadmm = {
+        "knob": "k",
+        "per_seed": [100.0, 120.0, 80.0, 100.0, 110.0],
+        "reached": 5,
+        "total_events": whole,
+    }
+    event = {"knob": "k", "per_seed": [50.0, 60.0, 40.0, 55.0, 50.0], "reached": 5, "total_events": whole}
     out = bench.compare(event, fedadmm, ("event_admm", "fedadmm"))
     ratios = [0.5, 0.5, 0.5, 0.55, 50 / 110]
     assert out["paired"]["mean"] == pytest.approx(math.exp(sum(map(math.log, ratios)) / 5))
@@ -150,10 +156,39 @@ def test_savings_are_paired_ratios_and_claimed_only_where_the_interval_excludes_
     assert bench.compare(close, fedadmm, ("e", "f"))["paired"]["direction"] == 0
     short = {"knob": "k", "per_seed": [50.0, None, 40.0, 55.0, 50.0], "reached": 4}
     missed = bench.compare(short, fedadmm, ("e", "f"))
-    assert missed["paired"] is None and "reached on 4 and 5 of 5 report seeds" in missed["sentence"]
+    assert missed["paired"] is None and missed["cell"] == "n/a (reached on 4 of 5 report seeds)"
+    assert missed["direction"] == 0 and "not paired (e reached on 4 of 5" in missed["sentence"]
     lines = bench.conclusions({"fedadmm": {"event_admm": {"0.8": out}}}, [0.8])
     assert lines[0].startswith("At 80%, against fedadmm: event_admm needs 50% fewer events")
     assert lines[-1].endswith("against fedadmm: event_admm at 80%.")
+
+
+def test_a_comparator_that_missed_the_target_is_charged_its_whole_run_so_only_a_saving_can_follow():
+    """Issue 42's setting A: the best baseline chosen on the tuning seeds (FedADMM at C = 0.1) missed
+    72% on 3 of 5 report seeds. Those seeds count its whole run's events, a lower bound of its cost."""
+    bench = event_benchmark()
+    event = {"knob": "k", "per_seed": [50.0, 60.0, 40.0, 55.0, 50.0], "reached": 5}
+    base = {"knob": "k", "per_seed": [100.0, None, 80.0, None, None], "reached": 2}
+    fewer = bench.compare(event, base | {"total_events": [999.0, 120.0, 999.0, 110.0, 100.0]}, ("e", "f"))
+    assert fewer["paired"]["per_seed"][1] == pytest.approx(math.log(60 / 120))  # the whole run: 120
+    assert fewer["direction"] == -1 and fewer["claim"] is True and fewer["censored"] == 3
+    assert fewer["cell"].endswith("(separates; 3 of 5 seeds a lower bound)")
+    assert fewer["sentence"].startswith("e needs 50% fewer events than f (better)")
+    assert fewer["sentence"].endswith(
+        "(f missed the target on 3 of 5 seeds: its whole run's events counted)."
+    )
+    short = {
+        "knob": "k",
+        "per_seed": [20.0, None, 15.0, None, None],
+        "reached": 2,
+        "total_events": [20.0] * 5,
+    }
+    more = bench.compare(event, short, ("e", "f"))  # 2-3x a lower bound of f's events: no direction
+    assert more["paired"]["direction"] == 1 and more["direction"] == 0 and more["claim"] is False
+    assert more["cell"].endswith("(3 of 5 seeds a lower bound)") and "separates" not in more["cell"]
+    assert "to a lower bound of f's events, so no direction follows" in more["sentence"]
+    assert "more events" not in more["sentence"] and "worse" not in more["sentence"]
+    assert bench.conclusions({"f": {"e": {"0.72": more}}}, [0.72])[0].startswith("No paired interval")
 
 
 def test_the_pareto_front_drops_dominated_configurations():
@@ -169,5 +204,32 @@ def test_the_pareto_front_drops_dominated_configurations():
 def test_a_target_the_initial_model_already_reaches_gives_no_ratio():
     bench = event_benchmark()
     zero = {"knob": "k", "per_seed": [0.0, 10.0], "reached": 2}
-    out = bench.compare(zero, {"knob": "k", "per_seed": [5.0, 10.0], "reached": 2}, ("e", "f"))
+    base = {"knob": "k", "per_seed": [5.0, 10.0], "reached": 2, "total_events": [20.0, 20.0]}
+    out = bench.compare(zero, base, ("e", "f"))
     assert out["paired"] is None and out["cell"] == "n/a (reached before any event)"
+
+
+def test_the_readme_lines_count_the_generated_conclusions_per_comparator():
+    bench = event_benchmark()
+    fewer = {"paired": {"mean": 0.5}, "direction": -1, "claim": True}
+    fewer_small = {"paired": {"mean": 0.9}, "direction": -1, "claim": False}
+    more = {"paired": {"mean": 1.4}, "direction": 1, "claim": False}
+    unpaired = {"paired": None, "direction": 0, "claim": None}
+    setting = {
+        "targets": [0.7, 0.8],
+        "best_baseline": {"0.7": "fedadmm", "0.8": None},
+        "comparisons": {
+            "best baseline": {"event_admm": {"0.7": fewer, "0.8": unpaired}},
+            "scaffold_code": {"event_admm": {"0.7": fewer_small, "0.8": more}},
+        },
+    }
+    assert bench.readme_lines({"A": setting}).splitlines() == [
+        "- Setting A, against the best baseline (fedadmm, chosen on the tuning seeds), 2 variant-target "
+        "pairs: fewer events in 1 (ratios 0.50-0.50), more in none, no direction or not paired in 1; "
+        "the paper's >= 35% fewer events: in 1.",
+        "- Setting A, against scaffold_code, 2 variant-target pairs: fewer events in 1 (ratios 0.90-0.90), "
+        "more in 1 (ratios 1.40-1.40), no direction or not paired in 0; the paper's >= 35% fewer events: "
+        "nowhere.",
+        "- Setting B: not yet run under the protocol; no claim.",
+        "- Setting C: not yet run under the protocol; no claim.",
+    ]
