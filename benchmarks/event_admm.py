@@ -128,6 +128,7 @@ def setting_b(quick: bool) -> dict[str, Any]:
         "local": {"epochs": 3, "batch_size": 20, "lr": 0.01, "momentum": 0.9},
         "fractions": [0.5, 1.0] if quick else [0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0],
         "variants": list(EVENT),
+        "shares": ("frontier",),  # its uncompressed runs on these seeds are runs of this benchmark
         **_knobs(quick),
     }
 
@@ -150,6 +151,7 @@ def setting_c(quick: bool) -> dict[str, Any]:
         "local": {"epochs": 1, "batch_size": 20, "lr": 0.01, "momentum": 0.9},
         "fractions": [0.5, 1.0] if quick else [0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0],
         "variants": ["event_admm", "event_admm_randomized"],
+        "shares": ("frontier",),
         **_knobs(quick),
     }
 
@@ -582,7 +584,7 @@ def report(setting, protocol: Protocol, tuned, choice, reported, calibrations, f
                 comparisons.setdefault(comparator, {}).setdefault(method, {})[str(t)] = out
     tuned_by = {m: [r for (mm, _, _), r in tuned.items() if mm == m] for m in searches(setting)}
     return {
-        "settings": {k: v for k, v in setting.items() if k not in ("name", "quick")},
+        "settings": {k: v for k, v in setting.items() if k not in ("name", "quick", "shares")},
         "ceiling": choice["ceiling"],
         "targets": targets,
         "best_baseline": choice["best_baseline"],

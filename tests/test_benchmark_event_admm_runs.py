@@ -112,3 +112,24 @@ def test_a_run_that_diverged_is_kept_with_its_rows_up_to_where_it_stopped(bench,
     assert [row["round"] for row in record["rows"]] == [0, 1, 2]  # round 2's row was written first
     assert run.rows == record["rows"] and run.cost(2.0) is None
     assert run.stopped == record["stopped"] == run.summary()["stopped"]  # shown, not only stored
+
+
+def test_settings_b_and_c_read_back_the_frontiers_uncompressed_runs_and_log_only_their_own(
+    bench, monkeypatch
+):
+    """The frontier runs the same configs on the same seeds (setting B and C, uncompressed): a run
+    it stored is not made again, and event_admm.py's log stays its own."""
+    assert all(bench.SETTINGS[name](False)["shares"] == ("frontier",) for name in "BC")
+    frontiers = TINY | {"benchmark": "frontier"}
+    fedavg = bench.Spec("fedavg", (("fraction", 1.0), ("lr", 0.05)), 0)
+    made = bench.run_one(frontiers, fedavg)
+
+    def no_new_runs(*args, **kwargs):
+        raise AssertionError("a stored run was run again")
+
+    monkeypatch.setattr(bench, "start", no_new_runs)
+    mine = TINY | {"shares": ("frontier",)}
+    assert bench.run_one(mine, fedavg).rows == made.rows
+    assert not bench.runs_log(mine).exists()
+    with pytest.raises(AssertionError, match="run again"):  # without the share it is not stored
+        bench.run_one(TINY, fedavg)
