@@ -25,7 +25,7 @@ Jian & Liu, "Widening the Network Mitigates the Impact of Data Heterogeneity on 
    network is tested seed by seed (protocol.paired), and where it is not detected the text says how
    many seeds would detect a change of the size measured (protocol.seeds_for_power).
 
-    python benchmarks/wide_fedavg.py            # full (about 2.4 h on 2 idle cores): JSON, plots, docs
+    python benchmarks/wide_fedavg.py --jobs 2   # full (about 4 h on 2 idle cores): JSON, plots, docs
     python benchmarks/wide_fedavg.py --quick    # a few minutes, same code at tiny scale (smoke test)
 The full run is longer than a work session, so what the tables need of each finished run (the
 theory run's measurements, the practical run's accuracy by evaluation, the by-layer divergence) is
@@ -44,6 +44,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import as_completed
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -64,6 +65,7 @@ from protocol import (
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from run_key import append_run, read_runs, run_key
+from workers import one_run_per_core
 
 from taciturn.algorithms.fedavg import FedAvgState
 from taciturn.core.rng import SERVER
@@ -237,45 +239,70 @@ class RunLog:
     def __init__(self, path: Path, fresh: bool):
         self.path, self.fresh, self.seconds = path, fresh, 0.0
 
-    def summary(self, key: str, name: str, compute: Callable[[], dict]) -> dict:
-        """The summary stored under ``key``, or ``compute()``'s, appended at once with its seconds.
-        ``fresh`` ignores what is stored."""
-        record = None if self.fresh else read_runs(self.path).get(key)
-        if record is None:
-            started = time.perf_counter()
-            summary = compute()
-            finished = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-            record = {
-                "key": key,
-                "name": name,
-                "finished": finished,
-                "seconds": time.perf_counter() - started,
-            }
-            append_run(self.path, record | {"summary": summary})
-            record["summary"] = summary
+    def stored(self, key: str) -> dict | None:
+        """The record stored under ``key`` (None where ``fresh`` ignores what is stored)."""
+        return None if self.fresh else read_runs(self.path).get(key)
+
+    def store(self, key: str, name: str, summary: dict, seconds: float) -> dict:
+        """Append a finished run's summary at once, with the seconds it took; the record."""
+        finished = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        record = {"key": key, "name": name, "finished": finished, "seconds": seconds, "summary": summary}
+        append_run(self.path, record)
+        return record
+
+    def use(self, record: dict) -> dict:
+        """A record this report uses: its seconds counted, its summary returned."""
         self.seconds += record["seconds"]
         return record["summary"]
 
+    def summary(self, key: str, name: str, compute: Callable[[], dict]) -> dict:
+        """The summary stored under ``key``, or ``compute()``'s, stored at once."""
+        if (record := self.stored(key)) is None:
+            started = time.perf_counter()
+            summary = compute()
+            record = self.store(key, name, summary, time.perf_counter() - started)
+        return self.use(record)
 
-def run_all(jobs: list[tuple[str, RunConfig, Path]], summarize: Summarize, log: RunLog) -> dict[str, dict]:
+
+def summarize_run(summarize: Summarize, config: RunConfig, out: Path, fresh: bool) -> tuple[dict, float]:
+    """One run made (or resumed) and summarized, with the seconds it took: what a worker does."""
+    started = time.perf_counter()
+    return summarize(config, run(config, out, fresh)), time.perf_counter() - started
+
+
+def run_all(
+    jobs: list[tuple[str, RunConfig, Path]], summarize: Summarize, log: RunLog, workers: int = 1
+) -> dict[str, dict]:
     """Each job's summary, by job key: read back from ``log`` where stored under the run's key (its
     config, the summary's kind and the simulation code), else run (resuming an interrupted run
-    directory), summarized and stored."""
-    done: dict[str, dict] = {}
+    directory), summarized and stored as soon as it finishes. ``workers`` > 1 makes the missing runs
+    in that many single-thread processes (workers.py): the runs are seeded, so which process makes a
+    run does not matter, though torch's thread count may move its floats in the last digits."""
+    keys = {key: run_key(to_toml(config), summarize.__name__) for key, config, _ in jobs}
+    records = {key: record for key, _, _ in jobs if (record := log.stored(keys[key])) is not None}
+    missing = [(key, config, out) for key, config, out in jobs if key not in records]
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns, console=console) as progress:
-        task = progress.add_task("runs", total=len(jobs))
-        for key, config, out in jobs:
-            progress.update(task, description=f"[bold]{config.name}")
-            started = time.perf_counter()
+        task = progress.add_task("runs", total=len(missing))
 
-            def compute(config=config, out=out) -> dict:
-                return summarize(config, run(config, out, log.fresh))
-
-            done[key] = log.summary(run_key(to_toml(config), summarize.__name__), config.name, compute)
-            progress.console.log(f"{config.name}: {time.perf_counter() - started:.1f} s")
+        def finished(key: str, config: RunConfig, summary: dict, seconds: float) -> None:
+            records[key] = log.store(keys[key], config.name, summary, seconds)
+            progress.console.log(f"{config.name}: {seconds:.1f} s")
             progress.advance(task)
-    return done
+
+        if workers > 1 and len(missing) > 1:
+            with one_run_per_core(min(workers, len(missing))) as pool:
+                made = {
+                    pool.submit(summarize_run, summarize, config, out, log.fresh): (key, config)
+                    for key, config, out in missing
+                }
+                for future in as_completed(made):
+                    finished(*made[future], *future.result())
+        else:
+            for key, config, out in missing:
+                progress.update(task, description=f"[bold]{config.name}")
+                finished(key, config, *summarize_run(summarize, config, out, log.fresh))
+    return {key: log.use(records[key]) for key, _, _ in jobs}
 
 
 # ----- theory: measurements -----
@@ -772,6 +799,9 @@ def main(argv: list[str] | None = None) -> int:
         "--fresh", action="store_true", help="rerun every run instead of reusing finished ones"
     )
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="worker processes of one thread each (default 1: in this process)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     scale = QUICK if args.quick else FULL
@@ -803,7 +833,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
 
     console.rule("[bold]Wide FedAvg: theory-faithful")
-    theory = theory_table(scale, run_all(theory_jobs, theory_summary, log))
+    theory = theory_table(scale, run_all(theory_jobs, theory_summary, log, args.jobs))
     console.rule("[bold]Wide FedAvg: divergence by layer")
     layers = stored_layer_divergence(scale, out / "layers", log)
     console.rule("[bold]Wide FedAvg: practical")
@@ -813,14 +843,17 @@ def main(argv: list[str] | None = None) -> int:
 
         def iid_accuracy(lr: float, k: int = k) -> float:  # on the tuning seeds only
             found = run_all(
-                practical_jobs("iid", {k: (lr,)}, scale.practical_tuning_seeds), practical_summary, log
+                practical_jobs("iid", {k: (lr,)}, scale.practical_tuning_seeds),
+                practical_summary,
+                log,
+                args.jobs,
             )
             return float(np.mean([final_accuracy(summary, scale) for summary in found.values()]))
 
         lrs[k], tried[k] = tune_lr(scale, iid_accuracy)
     chosen = {k: (lr,) for k, lr in lrs.items()}
     report_jobs = practical_jobs("iid", chosen) + practical_jobs("non-iid", chosen)
-    practical_runs = run_all(report_jobs, practical_summary, log)
+    practical_runs = run_all(report_jobs, practical_summary, log, args.jobs)
     practical = practical_table(scale, practical_runs, lrs, tried)
     gap_change = width_effect(scale, practical)
 

@@ -218,6 +218,37 @@ def test_a_finished_run_s_summary_is_read_back_from_the_log_instead_of_run_again
     assert wide_fedavg.stored_layer_divergence(scale, tmp_path, layers) == {64: {"input layer": 0.5}}
 
 
+def test_runs_made_in_worker_processes_are_the_runs_made_here(tmp_path):
+    """--jobs 2 makes the missing runs in two single-thread processes and stores each as it ends;
+    seeded, they give the summaries that one thread in this process gives."""
+    import torch
+
+    scale = dataclasses.replace(wide_fedavg.QUICK, practical_rounds=2, practical_eval_every=1)
+    jobs = [
+        (
+            f"s{seed}",
+            wide_fedavg.practical_config(1, "non-iid", scale, seed),
+            tmp_path / "workers" / f"s{seed}",
+        )
+        for seed in (0, 1)
+    ]
+    log = wide_fedavg.RunLog(tmp_path / "workers.jsonl", fresh=False)
+    made = wide_fedavg.run_all(jobs, wide_fedavg.practical_summary, log, workers=2)
+    assert {r["name"] for r in map(json.loads, log.path.read_text().splitlines())} == {
+        config.name for _, config, _ in jobs
+    }
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        here = [(key, config, tmp_path / "here" / key) for key, config, _ in jobs]
+        again = wide_fedavg.run_all(
+            here, wide_fedavg.practical_summary, wide_fedavg.RunLog(tmp_path / "h", False)
+        )
+    finally:
+        torch.set_num_threads(threads)
+    assert made == again and made["s0"] != made["s1"]  # the same runs, and two seeds are two runs
+
+
 def test_the_width_effect_is_a_paired_test_and_says_how_many_seeds_would_detect_it():
     """Issue 19's three seeds: gaps 14.4, 5.43, 5.15 at k = 1 and 7.05, 2.45, 1.68 at k = 32; per-seed
     changes 7.35, 2.98, 3.47 (mean 4.6, sd 2.39): the paired interval contains 0 (t_{0.975, 2} =
