@@ -53,6 +53,7 @@ from protocol import (
     budget,
     charge_misses,
     cost_to_target,
+    direction_to_lower_bound,
     estimate,
     floor_to,
     grid,
@@ -517,10 +518,10 @@ def cell(runs: dict, method: str, knob: str | None, target: float, seeds) -> dic
     where every seed reached it."""
     if knob is None:
         return {"knob": None, "per_seed": None, "reached": 0}
-    whole = [runs[(method, knob, s)] for s in seeds]
-    out = {"knob": knob, "total_events": [r.events(r.rows[-1]) for r in whole]}  # where a seed missed it
+    per_seed = [runs[(method, knob, s)] for s in seeds]
+    out = {"knob": knob, "total_events": [r.events(r.rows[-1]) for r in per_seed]}  # where a seed missed it
     for measure in ("bytes", "events"):
-        values = [runs[(method, knob, s)].cost(target, measure) for s in seeds]
+        values = [r.cost(target, measure) for r in per_seed]
         reached = sum(v is not None for v in values)
         est = estimate(values) if reached == len(values) else Estimate(None, None, None, reached)
         out |= {measure: est.as_dict(), "per_seed": values, "reached": reached}
@@ -550,7 +551,7 @@ def compare(event: dict, base: dict, names: tuple[str, str]) -> dict[str, Any]:
             "sentence": f"{names[0]} against {names[1]}: the target was reached before any event: no ratio.",
         }
     p = paired(event["per_seed"], theirs, names, ratio=True)
-    direction = 0 if censored and p.direction > 0 else p.direction
+    direction = direction_to_lower_bound(p, censored)
     notes = ["separates"] * (direction != 0) + [f"{censored} of {n} seeds a lower bound"] * (censored > 0)
     mark = f" ({'; '.join(notes)})" if notes else ""
     return out | {

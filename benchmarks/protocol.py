@@ -401,13 +401,19 @@ def charge_misses(theirs: Sequence[float | None], totals: Sequence[float]) -> tu
     return charged, sum(t is None for t in theirs)
 
 
+def direction_to_lower_bound(p: Paired, censored: int) -> int:
+    """``p.direction`` where ``censored`` of b's seeds were charged by ``charge_misses``: more than a
+    lower bound of b's cost shows nothing, so a direction in b's favour is withheld (0)."""
+    return 0 if censored and p.direction > 0 else p.direction
+
+
 def sentence_to_lower_bound(p: Paired, censored: int, what: str) -> str:
     """``p.sentence(what)``, without its full stop, where ``censored`` of b's seeds were charged by
     ``charge_misses``: a direction in b's favour is then withheld, and the charge is said."""
     said = p.sentence(what).rstrip(".")
     if not censored:
         return said
-    if p.direction > 0:  # more than a lower bound of theirs: no direction follows
+    if direction_to_lower_bound(p, censored) != p.direction:
         said = (
             f"{p.a} against {p.b} on {what}: ratio {p.mean:.2f} [{p.lo:.2f}, {p.hi:.2f}] to a lower bound"
             f" of {p.b}'s {what}, so no direction follows"

@@ -239,9 +239,9 @@ class RunLog:
     def __init__(self, path: Path, fresh: bool):
         self.path, self.fresh, self.seconds = path, fresh, 0.0
 
-    def stored(self, key: str) -> dict | None:
-        """The record stored under ``key`` (None where ``fresh`` ignores what is stored)."""
-        return None if self.fresh else read_runs(self.path).get(key)
+    def stored(self) -> dict[str, dict]:
+        """Every stored record by key, read once per call (none where ``fresh`` ignores them)."""
+        return {} if self.fresh else read_runs(self.path)
 
     def store(self, key: str, name: str, summary: dict, seconds: float) -> dict:
         """Append a finished run's summary at once, with the seconds it took; the record."""
@@ -257,7 +257,7 @@ class RunLog:
 
     def summary(self, key: str, name: str, compute: Callable[[], dict]) -> dict:
         """The summary stored under ``key``, or ``compute()``'s, stored at once."""
-        if (record := self.stored(key)) is None:
+        if (record := self.stored().get(key)) is None:
             started = time.perf_counter()
             summary = compute()
             record = self.store(key, name, summary, time.perf_counter() - started)
@@ -279,7 +279,8 @@ def run_all(
     in that many single-thread processes (workers.py): the runs are seeded, so which process makes a
     run does not matter, though torch's thread count may move its floats in the last digits."""
     keys = {key: run_key(to_toml(config), summarize.__name__) for key, config, _ in jobs}
-    records = {key: record for key, _, _ in jobs if (record := log.stored(keys[key])) is not None}
+    stored = log.stored()
+    records = {key: stored[keys[key]] for key, _, _ in jobs if keys[key] in stored}
     missing = [(key, config, out) for key, config, out in jobs if key not in records]
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns, console=console) as progress:
