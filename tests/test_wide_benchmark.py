@@ -262,3 +262,43 @@ def test_the_width_effect_is_a_paired_test_and_says_how_many_seeds_would_detect_
     assert out["paired"]["ci"] == pytest.approx([4.6 - 5.9467, 4.6 + 5.9467], abs=1e-3)
     assert out["paired"]["direction"] == 0 and out["seeds_for_80_power"] == 5
     assert "no conclusion" in out["sentence"] and "would need 5 seeds" in out["sentence"]
+
+
+def test_a_gap_that_shrinks_with_width_is_stated_as_the_narrow_network_doing_worse():
+    """Per-seed changes 2, 3, 4 (k = 1 minus k = 32): mean 3, sd 1, t_{0.975, 2} = 4.303 gives
+    3 +- 2.48, wholly above 0. The higher gap is the worse network, so the sentence must not call
+    k = 1 "better" for having more of the heterogeneity's harm."""
+    practical = {1: {"gap_per_seed": [7.0, 8.0, 9.0]}, 32: {"gap_per_seed": [5.0, 5.0, 5.0]}}
+    out = wide_fedavg.width_effect(wide_fedavg.FULL, practical)
+    assert out["paired"]["ci"] == pytest.approx([3 - 2.4841, 3 + 2.4841], abs=1e-3)
+    assert out["paired"]["direction"] == 1
+    assert out["sentence"].startswith("the gap at k = 1 is worse than at k = 32 on the IID minus non-IID")
+    assert "would need" not in out["sentence"]  # a detected change needs no power statement
+
+
+def test_the_readme_lines_state_the_intervals_at_the_decimals_they_support():
+    """Hand-made results: a gap interval 4.7 wide shows whole points, one 0.09 wide two decimals;
+    the narrowest and widest widths are found by number, not by the keys' text order ("16" < "2")."""
+    results = {
+        "practical": {
+            "2": {"gap_points": 6.64, "gap_ci": [4.06, 8.76]},
+            "16": {"gap_points": 3.56, "gap_ci": [3.51, 3.60]},
+        },
+        "gap_change": {"sentence": "GAP SENTENCE."},
+        "protocol": {"tuning_seeds": [100, 101], "report_seeds": list(range(10))},
+        "theory_protocol": {"report_seeds": [0, 1, 2, 3, 4]},
+        "slopes_by_tau": {"2": {}, "5": {"ntk_change": -0.77, "divergence": -0.356, "output_rmse": -0.02}},
+        "slope_ci_by_tau": {
+            "2": {},
+            "5": {"ntk_change": [-0.84, -0.72], "divergence": [-0.399, -0.313], "output_rmse": [-0.08, 0.04]},
+        },
+    }
+    practical, theory = wide_fedavg.readme_lines(results).split("\n")
+    assert (
+        "gap is 7 points [4, 9] at k = 2 and 3.56 points [3.51, 3.60] at k = 16; seed by seed, GAP SENTENCE."
+        in practical
+    )
+    assert "10 report seeds" in practical and "[100, 101]" in practical
+    assert "5 seeds, tau = 5" in theory
+    assert "NTK change -0.8 [-0.8, -0.7], the clients' divergence -0.36 [-0.40, -0.31]" in theory
+    assert "centralized GD -0.0 [-0.1, +0.0]" in theory
