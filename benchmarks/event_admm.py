@@ -731,7 +731,9 @@ def render(results: dict[str, Any]) -> str:
     parts = [
         protocol_lines(results["protocol"]),
         f"Results: `benchmarks/results/{results['file']}`; every run's per-round log in "
-        f"`benchmarks/results/{results['log']}`. Command: `{results['command']}`.",
+        f"`benchmarks/results/{results['log']}`. Commands (each setting keeps the run that made it): "
+        + "; ".join(f"setting {n}, `{results[n]['command']}`" for n in SETTINGS if n in results)
+        + ".",
     ]
     for name in SETTINGS:
         if name in results:
@@ -742,6 +744,15 @@ def render(results: dict[str, Any]) -> str:
             'protocol ("How to reproduce"); no claim is drawn for ' + ("them." if len(missing) > 1 else "it.")
         )
     return "\n\n".join(parts)
+
+
+def ratio_span(ratios: list[float]) -> str:
+    """The ratios as their two decimals read: one ratio (ratio 0.49), several that print alike
+    (ratio 0.55 in each), or a range (ratios 0.61-0.90)."""
+    low, high = f"{min(ratios):.2f}", f"{max(ratios):.2f}"
+    if low != high:
+        return f"ratios {low}-{high}"
+    return f"ratio {low}" + (" in each" if len(ratios) > 1 else "")
 
 
 def readme_lines(results: dict[str, Any]) -> str:
@@ -761,7 +772,7 @@ def readme_lines(results: dict[str, Any]) -> str:
                 chosen = sorted({b for b in res["best_baseline"].values() if b})
                 comparator = f"the best baseline ({', '.join(chosen) or 'none'}, chosen on the tuning seeds)"
             said = [
-                f"{word} in {len(r)} (ratios {min(r):.2f}-{max(r):.2f})" if r else f"{word} in none"
+                f"{word} in {len(r)} ({ratio_span(r)})" if r else f"{word} in none"
                 for r, word in ((ratios[-1], "fewer events"), (ratios[1], "more"))
             ]
             rest = len(cells) - len(ratios[-1]) - len(ratios[1])

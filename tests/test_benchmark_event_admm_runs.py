@@ -80,13 +80,17 @@ def test_the_docs_block_names_the_settings_not_yet_run(monkeypatch):
     monkeypatch.setattr(bench, "render_setting", lambda name, res: [f"[setting {name}]"])
     record = {"selection": "tuning_seeds", "tuning_seeds": [0, 1], "report_seeds": [10, 11, 12, 13, 14]}
     results = {"protocol": record | {"configs_per_method": {"fedavg": 21}}, "file": "f", "log": "l"}
-    text = bench.render(results | {"command": "c", "A": {}})
+    text = bench.render(results | {"command": "c", "A": {"command": "cA"}})
+    assert "Commands (each setting keeps the run that made it): setting A, `cA`." in text
     assert "[setting A]" in text and text.endswith(
         'Settings B and C: not yet run under this protocol ("How to reproduce"); no claim is drawn for them.'
     )
-    every = bench.render(results | {"command": "c", "A": {}, "B": {}, "C": {}})
+    every = bench.render(
+        results | {"command": "c", "A": {"command": "cA"}, "B": {"command": "cB"}, "C": {"command": "cC"}}
+    )
     assert "not yet run" not in every
-    assert bench.render(results | {"command": "c", "A": {}, "C": {}}).endswith("no claim is drawn for it.")
+    both = bench.render(results | {"command": "c", "A": {"command": "cA"}, "C": {"command": "cC"}})
+    assert "setting A, `cA`; setting C, `cC`." in both and both.endswith("no claim is drawn for it.")
 
 
 def test_a_run_that_diverged_is_kept_with_its_rows_up_to_where_it_stopped(bench, monkeypatch):

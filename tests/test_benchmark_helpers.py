@@ -210,25 +210,34 @@ def test_a_target_the_initial_model_already_reaches_gives_no_ratio():
 
 
 def test_the_readme_lines_count_the_generated_conclusions_per_comparator():
+    """Each span is printed once: setting C's first render said "ratios 0.55-0.55" for two ratios."""
     bench = event_benchmark()
     fewer = {"paired": {"mean": 0.5}, "direction": -1, "claim": True}
+    fewer_too = {"paired": {"mean": 0.503}, "direction": -1, "claim": True}  # 0.50 as printed
     fewer_small = {"paired": {"mean": 0.9}, "direction": -1, "claim": False}
+    fewer_medium = {"paired": {"mean": 0.6}, "direction": -1, "claim": False}
     more = {"paired": {"mean": 1.4}, "direction": 1, "claim": False}
     unpaired = {"paired": None, "direction": 0, "claim": None}
     setting = {
         "targets": [0.7, 0.8],
         "best_baseline": {"0.7": "fedadmm", "0.8": None},
         "comparisons": {
-            "best baseline": {"event_admm": {"0.7": fewer, "0.8": unpaired}},
-            "scaffold_code": {"event_admm": {"0.7": fewer_small, "0.8": more}},
+            "best baseline": {
+                "event_admm": {"0.7": fewer, "0.8": unpaired},
+                "event_admm_randomized": {"0.7": fewer_too, "0.8": unpaired},
+            },
+            "scaffold_code": {
+                "event_admm": {"0.7": fewer_small, "0.8": more},
+                "event_admm_randomized": {"0.7": fewer_medium, "0.8": unpaired},
+            },
         },
     }
     assert bench.readme_lines({"A": setting}).splitlines() == [
-        "- Setting A, against the best baseline (fedadmm, chosen on the tuning seeds), 2 variant-target "
-        "pairs: fewer events in 1 (ratios 0.50-0.50), more in none, no direction or not paired in 1; "
-        "the paper's >= 35% fewer events: in 1.",
-        "- Setting A, against scaffold_code, 2 variant-target pairs: fewer events in 1 (ratios 0.90-0.90), "
-        "more in 1 (ratios 1.40-1.40), no direction or not paired in 0; the paper's >= 35% fewer events: "
+        "- Setting A, against the best baseline (fedadmm, chosen on the tuning seeds), 4 variant-target "
+        "pairs: fewer events in 2 (ratio 0.50 in each), more in none, no direction or not paired in 2; "
+        "the paper's >= 35% fewer events: in 2.",
+        "- Setting A, against scaffold_code, 4 variant-target pairs: fewer events in 2 (ratios 0.60-0.90), "
+        "more in 1 (ratio 1.40), no direction or not paired in 1; the paper's >= 35% fewer events: "
         "nowhere.",
         "- Setting B: not yet run under the protocol; no claim.",
         "- Setting C: not yet run under the protocol; no claim.",
