@@ -80,16 +80,14 @@ def test_the_docs_block_names_the_settings_not_yet_run(monkeypatch):
     monkeypatch.setattr(bench, "render_setting", lambda name, res: [f"[setting {name}]"])
     record = {"selection": "tuning_seeds", "tuning_seeds": [0, 1], "report_seeds": [10, 11, 12, 13, 14]}
     results = {"protocol": record | {"configs_per_method": {"fedavg": 21}}, "file": "f", "log": "l"}
-    text = bench.render(results | {"command": "c", "A": {"command": "cA"}})
+    text = bench.render(results | {"A": {"command": "cA"}})
     assert "Commands (each setting keeps the run that made it): setting A, `cA`." in text
     assert "[setting A]" in text and text.endswith(
         'Settings B and C: not yet run under this protocol ("How to reproduce"); no claim is drawn for them.'
     )
-    every = bench.render(
-        results | {"command": "c", "A": {"command": "cA"}, "B": {"command": "cB"}, "C": {"command": "cC"}}
-    )
+    every = bench.render(results | {"A": {"command": "cA"}, "B": {"command": "cB"}, "C": {"command": "cC"}})
     assert "not yet run" not in every
-    both = bench.render(results | {"command": "c", "A": {"command": "cA"}, "C": {"command": "cC"}})
+    both = bench.render(results | {"A": {"command": "cA"}, "C": {"command": "cC"}})
     assert "setting A, `cA`; setting C, `cC`." in both and both.endswith("no claim is drawn for it.")
 
 

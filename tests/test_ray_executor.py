@@ -292,7 +292,7 @@ def test_a_run_that_fails_after_its_actors_started_releases_them(cluster, tmp_pa
     def no_data(*args, **kwargs):
         # The premise: both actors are up and hold their CPU. It waits on the actors themselves (one
         # that died raises here with its cause): on CI, waiting three minutes for the free CPUs to
-        # reach 0 failed once (stop 50), and on this machine once in about ten runs with a one-minute
+        # reach 0 failed once (stop 50), and on this machine in two of about ten runs with a one-minute
         # wait, after the earlier tests had killed workers; the cause was not found, so a failure
         # now says what each actor was doing.
         (workers,) = started
